@@ -1,0 +1,259 @@
+"""Published measurements vs memfit: per case predicted vs measured on the case's basis, and labels.
+
+    python bench/published.py --cases ../shared/cases/published.jsonl [--summary-json]
+
+Reads any file in the ../shared/cases schema (one JSON object per line). Each case maps to a Scenario
+through its `profile` (framework defaults) and its stated knobs; a case memfit cannot model is listed
+as skipped with the reason.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from memfit.catalog import custom_gpu, find_gpu, find_model  # noqa: E402
+from memfit.errors import MemfitError  # noqa: E402
+from memfit.estimate import estimate  # noqa: E402
+from memfit.profiles import build_scenario  # noqa: E402
+from memfit.scenario import Hardware  # noqa: E402
+
+NUMERIC_BASES = ("allocated", "active", "reserved", "device_total", "unknown")
+# Which estimate profile answers each basis; "active" is torch's peak active bytes, about allocated;
+# "unknown" (method not stated) is compared with reserved, the middle of the three.
+BASIS_PROFILE = {"allocated": "allocated", "active": "allocated", "reserved": "reserved",
+                 "device_total": "device_total", "unknown": "reserved"}
+GPU_TEXT = [  # substring of the case's gpu_type -> catalog id
+    ("h100 nvl", "h100-nvl"), ("h100", "h100-sxm"), ("a800", "a800-80gb"), ("a100 40", "a100-40gb"),
+    ("a100", "a100-80gb"), ("rtx 4090", "rtx4090"), ("4090", "rtx4090"), ("rtx a6000", "rtx-a6000"),
+    ("v100 32", "v100-32gb"), ("v100", "v100-16gb"),
+]
+# Short tweets padded to the longest row (peft README cases): about 64 tokens per row.
+TWEET_TOKENS = 64
+
+
+class Skip(Exception):
+    pass
+
+
+@dataclass
+class Row:
+    case: dict
+    predicted: float | None = None  # bytes on the case's basis
+    measured: float | None = None
+    label_ok: bool | None = None
+    predicted_label: str | None = None
+    skip: str | None = None
+    peak_phase: str = ""
+
+    @property
+    def error_pct(self) -> float | None:
+        if self.predicted is None or self.measured is None:
+            return None
+        return 100.0 * (self.predicted - self.measured) / self.measured
+
+
+def _gpu(case: dict):
+    text = (case.get("gpu_type") or "").lower()
+    gid = next((g for key, g in GPU_TEXT if key in text), None)
+    if gid:
+        return find_gpu(gid)
+    if case.get("gpu_mem_gb"):
+        return custom_gpu(int(case["gpu_mem_gb"] * 1e9), like=find_gpu("a100-80gb"))
+    return find_gpu("a100-80gb")  # unstated: the numeric comparison does not depend on capacity
+
+
+def _tuning(method: str) -> str:
+    m = method.lower()
+    if "qlora" in m or "gptq" in m:
+        return "qlora"
+    if "dora" in m or "lora" in m:
+        return "lora"
+    if m.startswith("full") or m.startswith("dpo"):
+        return "full"
+    raise Skip(f"method {method!r} not modeled")
+
+
+def _precision(case: dict, tuning: str) -> str:
+    p = (case.get("precision") or "").lower()
+    if p.startswith("fp32"):
+        return "fp32"
+    half = "fp16" if p.startswith("fp16") else "bf16"
+    if "pure" in p or "over bf16 weights" in p or "torch_dtype float16" in p or "quant_storage" in p:
+        return f"{half}-pure"
+    if case.get("profile") == "torchtune":
+        return "bf16-pure"
+    return f"{half}-mixed" if tuning == "full" else f"{half}-pure"
+
+
+def _optimizer(case: dict) -> tuple[str | None, bool]:
+    o = (case.get("optimizer") or "").lower()
+    in_bwd = "in_bwd" in o or "into backward" in o or "optimizer_in_bwd" in (case.get("notes") or "")
+    if "paged" in o and "8" in o or "pagedadamw8bit" in (case.get("notes") or "").lower():
+        return "paged-adamw-8bit", in_bwd
+    if "paged" in o:
+        return "paged-adamw-32bit", in_bwd
+    if "8bit" in o:
+        return "adamw-8bit", in_bwd
+    if "deepspeed" in o:
+        return "adamw-fused", in_bwd
+    if "adamw" in o:
+        return "adamw-foreach", in_bwd  # torch AdamW picks foreach on CUDA; HF adamw_torch is that
+    return None, in_bwd
+
+
+def _engine(case: dict) -> dict:
+    d = (case.get("distributed") or "single").lower()
+    if "deepspeed" in d:
+        return {"zero_stage": case.get("zero_stage") if case.get("zero_stage") is not None else 3}
+    if "fsdp" in d:
+        offload = "cpu_offload=true" in (case.get("notes") or "").lower().replace(" ", "")
+        return {"fsdp_strategy": "full_shard", "fsdp_cpu_offload": offload or None}
+    return {"engine": "single" if (case.get("num_gpus") or 1) == 1 else "ddp"}
+
+
+def _seq(case: dict) -> int:
+    if case.get("seq_len"):
+        return int(case["seq_len"])
+    kind = (case.get("seq_len_kind") or "").lower()
+    if "tweet" in kind:
+        return TWEET_TOKENS
+    raise Skip("sequence length not stated")
+
+
+def _lora_targets(case: dict) -> tuple[str, ...] | None:
+    """Module names out of the case's free text ("q_proj k_proj v_proj o_proj", "q,v,output_proj + MLP")."""
+    text = (case.get("lora_targets") or "").lower()
+    if not text or "all" in text or "default" in text:
+        return None
+    names = {"output_proj": "o_proj", "q": "q_proj", "k": "k_proj", "v": "v_proj"}
+    found = [names.get(w, w) for w in re.findall(r"[a-z_0-9]+", text) if w.endswith("proj") or w in names
+             or w in ("c_attn", "query_key_value")]
+    if "mlp" in text:
+        found += ["gate_proj", "up_proj", "down_proj"]
+    return tuple(dict.fromkeys(found)) or None
+
+
+def _model_name(case: dict) -> str:
+    return re.sub(r"\s*\(.*\)$", "", case["model"]).strip()
+
+
+def scenario_for(case: dict):
+    model = find_model(_model_name(case))
+    if model.encoder_decoder:
+        raise Skip("encoder-decoder (T5) activations are not modeled")
+    tuning = _tuning(case.get("method") or "")
+    nodes = 2 if "2 nodes" in (case.get("gpu_type") or "") else 1
+    gpus = (case.get("num_gpus") or 1) // nodes
+    hardware = Hardware(gpu=_gpu(case), gpus_per_node=gpus, nodes=nodes)
+    optimizer, in_bwd = _optimizer(case)
+    kernels = (case.get("kernels") or "").lower()
+    knobs = {
+        "tuning": tuning, "precision": _precision(case, tuning), "optimizer": optimizer,
+        "micro_batch": case.get("micro_batch_size") or 1, "seq_len": _seq(case),
+        "grad_accum": case.get("grad_accum") or 1, "lora_rank": case.get("lora_rank"),
+        "lora_targets": _lora_targets(case),
+        "checkpointing": {True: "full", False: "off"}.get(case.get("gradient_checkpointing")),
+        "attention": "flash" if (case.get("attention_impl") or "").startswith("flash") else None,
+        "padding": "packed" if "pack" in (case.get("seq_len_kind") or "") else None,
+        "loss": "liger" if "foak" in kernels else ("chunked_output" if "chunked" in kernels else None),
+        "optimizer_in_backward": in_bwd or None,
+        **_engine(case),
+    }
+    if "dora" in (case.get("method") or "").lower():
+        knobs["dora"] = True
+    return build_scenario(model, hardware, knobs, case.get("profile") or "hf-trainer")
+
+
+def _unit_bytes(case: dict) -> float:
+    unit = (case.get("measured_unit") or "").lower()
+    return 2**30 if ("gib" in unit or "torchtune" in unit) else 1e9
+
+
+def evaluate(case: dict) -> Row:
+    row = Row(case)
+    try:
+        est = estimate(scenario_for(case))
+    except (Skip, MemfitError) as e:
+        row.skip = str(e)
+        return row
+    basis = case.get("basis")
+    row.peak_phase = est.peak_phase
+    row.predicted_label = "oom" if est.verdict == "oom" else ("host_oom" if est.verdict == "host_oom" else "fits")
+    outcome = {"fits_at_max": "fits"}.get(case.get("outcome"), case.get("outcome"))
+    if outcome in ("fits", "oom", "host_oom"):
+        row.label_ok = row.predicted_label == outcome
+    if basis in NUMERIC_BASES and case.get("measured_value") is not None:
+        scale = (case.get("num_gpus") or 1) if case.get("value_scope") == "aggregate" else 1
+        row.measured = case["measured_value"] * _unit_bytes(case) / scale
+        row.predicted = getattr(est, BASIS_PROFILE[basis]).peak.total
+    return row
+
+
+def summarize(rows: list[Row]) -> dict:
+    numeric = [r for r in rows if r.error_pct is not None and r.case.get("reliability") in ("high", "medium")]
+    errs = sorted(abs(r.error_pct) for r in numeric)
+    labels = [r for r in rows if r.label_ok is not None]
+    skipped = [r for r in rows if r.skip]
+    reasons: dict[str, int] = {}
+    for r in skipped:
+        reasons[r.skip] = reasons.get(r.skip, 0) + 1
+    return {
+        "n_numeric": len(numeric),
+        "median_abs_pct_error": round(statistics.median(errs), 2) if errs else None,
+        "p90_abs_pct_error": round(errs[min(len(errs) - 1, int(0.9 * len(errs)))], 2) if errs else None,
+        "n_labels": len(labels),
+        "label_accuracy": round(sum(r.label_ok for r in labels) / len(labels), 4) if labels else None,
+        "n_skipped": len(skipped),
+        "skipped_reasons": reasons,
+    }
+
+
+def print_rows(rows: list[Row]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="published cases: memfit vs measured (GiB)")
+    for col in ("id", "basis", "measured", "memfit", "err %", "peak phase", "label", "memfit label"):
+        table.add_column(col)
+    for r in rows:
+        c = r.case
+        if r.skip:
+            table.add_row(c["id"], c.get("basis") or "", "", "", "", "", c.get("outcome") or "", f"skip: {r.skip}")
+            continue
+        err = r.error_pct
+        table.add_row(c["id"], c.get("basis") or "",
+                      f"{r.measured / 2**30:.2f}" if r.measured else "", f"{r.predicted / 2**30:.2f}" if r.predicted else "",
+                      f"{err:+.1f}" if err is not None else "", r.peak_phase, c.get("outcome") or "",
+                      (r.predicted_label or "") + ("" if r.label_ok in (None, True) else " (wrong)"))
+    Console(width=160).print(table)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", default=str(Path(__file__).resolve().parents[2] / "shared/cases/published.jsonl"))
+    p.add_argument("--summary-json", action="store_true")
+    a = p.parse_args()
+    try:
+        cases = [json.loads(line) for line in Path(a.cases).read_text().splitlines() if line.strip()]
+    except (OSError, json.JSONDecodeError) as e:
+        print(f"published.py: error: cannot read cases {a.cases!r}: {e}", file=sys.stderr)
+        return 2
+    rows = [evaluate(c) for c in cases]
+    summary = summarize(rows)
+    if a.summary_json:
+        print(json.dumps(summary))
+    else:
+        print_rows(rows)
+        print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

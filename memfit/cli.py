@@ -1,0 +1,189 @@
+"""`memfit` command line: parse arguments into a Scenario, run a job, hand the result to rendering.
+
+Every bad input becomes one line on stderr and exit code 2 (MemfitError); nothing here computes memory.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+from memfit.errors import MemfitError
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
+          "p": 1e15, "pb": 1e15, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50,
+          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+def parse_size(text: str, what: str) -> int:
+    """'24GiB', '80GB', '1.4TB', '512MiB' or plain bytes -> bytes (GB = 1e9, GiB = 2^30)."""
+    m = _SIZE.match(str(text))
+    unit = (m.group(2) or "").lower() if m else None
+    if not m or unit not in _UNITS:
+        raise MemfitError(f"{what} {text!r} is not a size; write e.g. 24GiB, 80GB or 1.4TB")
+    value = int(float(m.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise MemfitError(f"{what} must be positive, got {text!r}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's multi-line usage dump -> one line, exit 2
+        raise MemfitError(f"{self.prog}: {message}")
+
+
+def _int(text: str) -> int:
+    try:
+        return int(float(text)) if re.fullmatch(r"-?[0-9.]+(e[0-9]+)?", text, re.I) else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="hub id, alias, or a local config.json / folder holding one")
+    hw = p.add_argument_group("hardware")
+    hw.add_argument("--gpu", help="GPU from `memfit gpus` (e.g. rtx4090, a100-80gb, h100)")
+    hw.add_argument("--gpu-mem", help="usable memory of a GPU not in the catalog, e.g. 24GiB")
+    hw.add_argument("--gpus", type=_int, default=1, help="GPUs per node (default 1)")
+    hw.add_argument("--nodes", type=_int, default=1)
+    hw.add_argument("--host-ram", help="host RAM per node, e.g. 1.4TB (enables the host verdict)")
+    t = p.add_argument_group("training")
+    t.add_argument("--profile", default="hf-trainer",
+                   help="framework defaults: hf-trainer, trl, peft-loop, llamafactory, openrlhf, torchtune, litgpt, unsloth")
+    t.add_argument("--tuning", choices=["full", "freeze", "lora", "qlora"])
+    t.add_argument("--lora-rank", type=_int)
+    t.add_argument("--lora-alpha", type=_int)
+    t.add_argument("--lora-targets", help="comma-separated module names or roles, or all-linear")
+    t.add_argument("--lora-dropout", type=float)
+    t.add_argument("--dora", action="store_true", default=None)
+    t.add_argument("--freeze-trainable-layers", type=_int)
+    t.add_argument("--precision", help="bf16-mixed, fp16-mixed, bf16-pure, fp16-pure, fp32")
+    t.add_argument("--adapter-dtype", help="fp32 (PEFT default) or bf16")
+    t.add_argument("--optimizer", help="adamw-fused, adamw-foreach, adamw-loop, adamw-8bit, paged-adamw-8bit, "
+                                       "paged-adamw-32bit, sgd, adafactor")
+    t.add_argument("--micro-batch", type=_int)
+    t.add_argument("--seq", type=_int, help="sequence length (the longest row of a padded batch)")
+    t.add_argument("--grad-accum", type=_int)
+    t.add_argument("--ckpt", nargs="?", const="full", help="gradient checkpointing: off, full, every_n, offload, unsloth")
+    t.add_argument("--ckpt-every", type=_int)
+    t.add_argument("--reentrant", action="store_true", default=None)
+    t.add_argument("--attn", help="eager, sdpa, flash")
+    t.add_argument("--padding", help="padded, packed, padding_free")
+    t.add_argument("--loss", help="standard, liger, chunked_nll, chunked_output")
+    t.add_argument("--kbit-upcast", action="store_true", default=None,
+                   help="PEFT prepare_model_for_kbit_training (QLoRA): non-4-bit params to fp32")
+    e = p.add_argument_group("engine")
+    e.add_argument("--engine", help="single, ddp, deepspeed, fsdp")
+    e.add_argument("--zero", type=_int, help="DeepSpeed ZeRO stage 0-3")
+    e.add_argument("--offload-optimizer", help="none, cpu, nvme")
+    e.add_argument("--offload-param", help="none, cpu, nvme")
+    e.add_argument("--ratio", type=float, help="DeepSpeed offload_optimizer.ratio (ZeRO-3)")
+    e.add_argument("--pin-memory", action=argparse.BooleanOptionalAction, default=None)
+    e.add_argument("--reduce-bucket-size", type=_int)
+    e.add_argument("--overlap-comm", action=argparse.BooleanOptionalAction, default=None)
+    e.add_argument("--prefetch-bucket-size", type=_int)
+    e.add_argument("--persistence-threshold", type=_int)
+    e.add_argument("--sub-group-size", type=_int)
+    e.add_argument("--grad-accum-dtype")
+    e.add_argument("--fsdp", help="full_shard, shard_grad_op, hybrid_shard, no_shard")
+    e.add_argument("--fsdp-offload", action="store_true", default=None)
+
+
+def scenario_from_args(a: argparse.Namespace):
+    from memfit.catalog import custom_gpu, find_gpu, find_model
+    from memfit.profiles import build_scenario
+    from memfit.scenario import Hardware
+
+    if not a.gpu and not a.gpu_mem:
+        raise MemfitError("say which GPU: --gpu NAME (see `memfit gpus`) or --gpu-mem 24GiB")
+    gpu = find_gpu(a.gpu) if a.gpu else None
+    if a.gpu_mem:
+        gpu = custom_gpu(parse_size(a.gpu_mem, "--gpu-mem"), like=gpu)
+    host = parse_size(a.host_ram, "--host-ram") if a.host_ram else None
+    hardware = Hardware(gpu=gpu, gpus_per_node=a.gpus, nodes=a.nodes, host_ram_bytes=host)
+    knobs = {
+        "tuning": a.tuning, "lora_rank": a.lora_rank, "lora_alpha": a.lora_alpha,
+        "lora_targets": tuple(x.strip() for x in a.lora_targets.split(",")) if a.lora_targets else None,
+        "lora_dropout": a.lora_dropout, "dora": a.dora, "freeze_trainable_layers": a.freeze_trainable_layers,
+        "precision": a.precision, "adapter_dtype": a.adapter_dtype, "optimizer": a.optimizer,
+        "micro_batch": a.micro_batch, "seq_len": a.seq, "grad_accum": a.grad_accum,
+        "checkpointing": a.ckpt, "checkpoint_every_n": a.ckpt_every, "reentrant": a.reentrant,
+        "attention": a.attn, "padding": a.padding, "loss": a.loss, "kbit_upcast": a.kbit_upcast,
+        "engine": a.engine, "zero_stage": a.zero, "offload_optimizer": a.offload_optimizer,
+        "offload_param": a.offload_param, "ratio": a.ratio, "pin_memory": a.pin_memory,
+        "reduce_bucket_size": a.reduce_bucket_size, "overlap_comm": a.overlap_comm,
+        "prefetch_bucket_size": a.prefetch_bucket_size, "param_persistence_threshold": a.persistence_threshold,
+        "sub_group_size": a.sub_group_size, "grad_accum_dtype": a.grad_accum_dtype,
+        "fsdp_strategy": a.fsdp, "fsdp_cpu_offload": a.fsdp_offload,
+    }
+    if a.ckpt_every and not a.ckpt:
+        knobs["checkpointing"] = "every_n"
+    return build_scenario(find_model(a.model), hardware, knobs, a.profile)
+
+
+def _cmd_estimate(a) -> int:
+    from memfit.estimate import estimate
+
+    result = estimate(scenario_from_args(a))
+    if a.json:
+        import json
+
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        from memfit.render import print_estimate
+
+        print_estimate(result)
+    return 0
+
+
+def _cmd_models(a) -> int:
+    from memfit.catalog import models
+    from memfit.inventory import count_params
+    from memfit.render import print_table
+
+    key = (a.filter or "").lower()
+    rows = [(m.id, m.arch, f"{count_params(m) / 1e9:.2f}B", ", ".join(m.aliases[:3]))
+            for m in models() if key in m.id.lower() or key in m.arch or any(key in x for x in m.aliases)]
+    print_table("models", ("id", "family", "params", "aliases"), rows)
+    return 0
+
+
+def _cmd_gpus(a) -> int:
+    from memfit.catalog import gpus
+    from memfit.render import print_table
+
+    key = (a.filter or "").lower()
+    rows = [(g.id, g.name, f"{g.memory_bytes / 2**30:.2f} GiB", f"{g.bf16_tflops:g}", f"{g.memory_bandwidth_gbps:g}",
+             g.interconnect) for g in gpus() if key in g.id.lower() or key in g.name.lower()]
+    print_table("gpus", ("id", "name", "usable memory", "bf16 TFLOP/s", "GB/s", "interconnect"), rows)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="memfit", description="Will this fine-tuning run fit in GPU and host memory?")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    est = sub.add_parser("estimate", help="predict per-GPU and host memory, with a breakdown and a verdict")
+    add_scenario_arguments(est)
+    est.add_argument("--json", action="store_true", help="print the documented JSON document instead of tables")
+    est.set_defaults(run=_cmd_estimate)
+    for name, fn in (("models", _cmd_models), ("gpus", _cmd_gpus)):
+        sp = sub.add_parser(name, help=f"list the {name} catalog")
+        sp.add_argument("filter", nargs="?", help="substring to filter by")
+        sp.set_defaults(run=fn)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.run(args)
+    except MemfitError as e:
+        print(f"memfit: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

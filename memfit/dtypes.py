@@ -1,0 +1,18 @@
+"""Bytes per element of each storage format memfit reasons about."""
+
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
+
+# bitsandbytes 4-bit (knobs.md D): 0.5 B packed + fp32 absmax per 64-element block;
+# double quantization stores absmax as uint8 with an fp32 scale per 256 blocks.
+NF4_BYTES = 0.5 + 4 / 64
+NF4_DQ_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
+# GPTQ int4 (auto-gptq): packed int32 qweight (0.5 B) + fp16 scale and 4-bit zero per group of 128 inputs.
+GPTQ_BYTES_PER_GROUP_OF_128 = 0.5 + (2 + 0.5) / 128
+
+
+def ceil_to(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def pow2_ceil(n: int) -> int:
+    return 1 << (max(int(n), 1) - 1).bit_length()

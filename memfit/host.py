@@ -1,0 +1,68 @@
+"""Host RAM per node by phase: loading copies, offloaded states, pinned buffers, checkpoint save and resume.
+
+Sources: ../shared/reference/knobs.md G (model loading), A.6 (offload buffers), A.8 (checkpoint
+load / resume), C.2 (offloaded checkpointing).
+"""
+from __future__ import annotations
+
+from memfit import overheads
+from memfit.activations import Activations
+from memfit.breakdown import Breakdown, PhaseProfile
+from memfit.inventory import ParamTensor
+from memfit.scenario import Scenario
+from memfit.states import ModelStates
+
+
+def _load_copies(s: Scenario, model_bytes: int) -> int:
+    """Host bytes per node while weights load, before they move to the GPUs."""
+    g = s.hardware.gpus_per_node
+    zero3_init = s.engine == "deepspeed" and s.deepspeed.stage == 3 and s.deepspeed.zero3_init
+    if zero3_init or (s.engine == "fsdp" and s.fsdp.cpu_ram_efficient_loading):
+        return model_bytes  # rank 0 reads the checkpoint; the others build on meta
+    per_rank = model_bytes if s.profile != "llamafactory" else 0  # device_map={"": rank} loads to GPU
+    if not s.low_cpu_mem_usage:
+        per_rank = 2 * model_bytes  # random init on CPU, then the state dict beside it
+    return g * per_rank
+
+
+def _offloaded(ms: ModelStates, g: int) -> dict[str, int]:
+    parts = {"optimizer_states": 0, "gradients": 0, "weights": 0, "engine_buffers": 0}
+    for buf in ms.host:
+        name = buf.name.lower()
+        key = ("gradients" if "grad" in name else "optimizer_states" if ("adam" in name or "master" in name)
+               else "weights" if "param" in name else "engine_buffers")
+        parts[key] += buf.resident * g
+    return parts
+
+
+def _resume_load(s: Scenario, psi: int, phi_bytes: int) -> int:
+    """Each rank torch.loads its checkpoint files into CPU memory at once, without mmap (A.8)."""
+    g = s.hardware.gpus_per_node
+    n = s.world_size
+    optim = 12 * -(-psi // n) if s.engine == "deepspeed" and s.deepspeed.stage >= 1 else 12 * psi
+    module = phi_bytes // n if s.engine == "deepspeed" and s.deepspeed.stage == 3 else phi_bytes
+    return g * (optim + module)
+
+
+def host_profile(s: Scenario, tensors: list[ParamTensor], ms: ModelStates, act: Activations) -> PhaseProfile:
+    g = s.hardware.gpus_per_node
+    base = {"runtime_overhead": overheads.PROCESS_HOST_BASELINE * g}
+    model_bytes = sum(t.total for t in tensors if t.kind != "lora") * s.compute_bytes
+    psi = sum(t.total for t in tensors if t.trainable)
+    steady = dict(base, **_offloaded(ms, g))
+    steady["activations"] = act.host_offloaded * g
+    load = dict(base, **_offloaded(ms, g))
+    load["weights"] += _load_copies(s, model_bytes)
+    save = dict(steady)
+    if s.engine == "deepspeed" and s.deepspeed.stage == 3:
+        save["weights"] += model_bytes  # rank 0 gathers the full 16-bit state dict to save the model
+    resume = dict(steady)
+    resume["optimizer_states"] += _resume_load(s, psi, model_bytes)
+    return PhaseProfile({
+        "load": Breakdown(load),
+        "forward": Breakdown(steady),
+        "backward": Breakdown(steady),
+        "optimizer_step": Breakdown(steady),
+        "checkpoint_save": Breakdown(save),
+        "resume": Breakdown(resume),
+    })

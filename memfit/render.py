@@ -1,0 +1,85 @@
+"""Terminal presentation (rich). Reads results; never computes memory."""
+from __future__ import annotations
+
+from memfit.breakdown import CATEGORIES, PHASES
+
+GiB = 2**30
+VERDICT_STYLE = {"fits": "bold green", "tight": "bold yellow", "oom": "bold red", "host_oom": "bold red"}
+
+
+def gib(n: int | float) -> str:
+    return f"{n / GiB:,.2f}"
+
+
+def _console():
+    from rich.console import Console
+
+    return Console()
+
+
+def print_table(title: str, header: tuple[str, ...], rows) -> None:
+    from rich.table import Table
+
+    table = Table(title=title)
+    for h in header:
+        table.add_column(h)
+    for r in rows:
+        table.add_row(*map(str, r))
+    _console().print(table)
+
+
+def _setup_line(s) -> str:
+    engine = s.engine
+    if s.deepspeed:
+        ds = s.deepspeed
+        engine = f"DeepSpeed ZeRO-{ds.stage}"
+        if ds.offload_optimizer != "none":
+            engine += f", optimizer->{ds.offload_optimizer} (ratio {ds.ratio:g}, pin_memory {ds.pin_memory})"
+        if ds.offload_param != "none":
+            engine += f", params->{ds.offload_param}"
+    elif s.fsdp:
+        engine = f"FSDP {s.fsdp.strategy}" + (" + CPU offload" if s.fsdp.cpu_offload else "")
+    tuning = s.tuning if not s.lora else f"{s.tuning} r{s.lora.rank} ({','.join(s.lora.targets)})"
+    return (f"{tuning}, {s.precision}, {s.optimizer}, {engine}; micro-batch {s.micro_batch} x {s.seq_len} tokens, "
+            f"grad-accum {s.grad_accum}; checkpointing {s.checkpointing}, attention {s.attention}, loss {s.loss}")
+
+
+def print_estimate(e) -> None:
+    from rich.table import Table
+
+    con = _console()
+    s = e.scenario
+    hw = s.hardware
+    con.print(f"[bold]{s.model.id}[/] on {hw.nodes} x {hw.gpus_per_node} x {hw.gpu.name} "
+              f"({gib(hw.gpu.memory_bytes)} GiB usable)  [dim]profile {s.profile}[/]")
+    con.print(f"params {e.total_params / 1e9:.2f}B, trainable {e.trainable_params / 1e9:.3f}B; {_setup_line(s)}")
+    peak = e.device_total.peak_phase
+    table = Table(title=f"per-GPU memory at the peak ({peak}), GiB")
+    table.add_column("category")
+    for name in ("allocated", "reserved", "device total"):
+        table.add_column(name, justify="right")
+    profiles = (e.allocated.phases[peak], e.reserved.phases[peak], e.device_total.phases[peak])
+    for c in CATEGORIES:
+        table.add_row(c.replace("_", " "), *(gib(b.get(c)) for b in profiles))
+    table.add_row("[bold]total[/]", *(f"[bold]{gib(b.total)}[/]" for b in profiles))
+    con.print(table)
+    phases = Table(title="peak by phase, GiB")
+    phases.add_column("phase")
+    for name in ("allocated", "device total", "host (node)"):
+        phases.add_column(name, justify="right")
+    for p in PHASES:
+        mark = " <- peak" if p == peak else ""
+        phases.add_row(p + mark, gib(e.allocated.phases[p].total), gib(e.device_total.phases[p].total),
+                       gib(e.host.phases[p].total))
+    con.print(phases)
+    host = e.host.peak
+    parts = ", ".join(f"{c.replace('_', ' ')} {gib(host.get(c))}" for c in CATEGORIES if host.get(c))
+    con.print(f"host RAM per node peaks at {gib(host.total)} GiB in {e.host.peak_phase}: {parts}")
+    style = VERDICT_STYLE[e.verdict]
+    verdict = f"[{style}]{e.verdict.upper()}[/]: device total {gib(e.device_total.peak.total)} GiB of " \
+              f"{gib(hw.gpu.memory_bytes)} GiB, margin {gib(e.margin_bytes)} GiB"
+    if e.host_margin_bytes is not None:
+        verdict += f"; host margin {gib(e.host_margin_bytes)} GiB"
+    con.print(verdict)
+    if e.assumptions:
+        con.print("[dim]assumed: " + "; ".join(e.assumptions) + "[/]")

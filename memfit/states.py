@@ -1,0 +1,333 @@
+"""Model states per rank: weights, gradients, optimizer states and engine buffers, for each engine.
+
+Sources: ../shared/reference/knobs.md A (DeepSpeed ZeRO 0-3, offload, ratio), B (FSDP), D (LoRA /
+QLoRA storage, 8-bit and paged optimizers), F.4 (torch AdamW foreach/fused), H.4 (autocast cache).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memfit.dtypes import BYTES, GPTQ_BYTES_PER_GROUP_OF_128, NF4_DQ_BYTES, NF4_BYTES, pow2_ceil
+from memfit.inventory import ParamTensor
+from memfit.scenario import Scenario
+
+# DDP allocates flat gradient buckets (gradient_as_bucket_view=False by default): a second copy of
+# every gradient (torch/nn/parallel/distributed.py Reducer). Accelerate/HF keep that default.
+DDP_BUCKET_COPY = True
+# bitsandbytes 8-bit Adam: 1 B per state x 2 states, plus an fp32 absmax per 256-element block each.
+ADAM8BIT_BYTES = 2 + 2 * 4 / 256
+
+
+@dataclass
+class HostBuffer:
+    name: str
+    nbytes: int
+    pinned: bool = False
+
+    @property
+    def resident(self) -> int:
+        """Host bytes this buffer holds: pinned memory comes from torch's CachingHostAllocator,
+        which rounds every block up to a power of two (aten/src/ATen/cuda/CachingHostAllocator.cpp)."""
+        return pow2_ceil(self.nbytes) if self.pinned and self.nbytes else self.nbytes
+
+
+@dataclass
+class ModelStates:
+    """Bytes on one rank's GPU by role, plus what that rank keeps in host RAM."""
+
+    weights: int = 0  # resident between steps (partitions, replicas, frozen base, quantized storage)
+    gathered_forward: int = 0  # ZeRO-3 / FSDP params gathered while computing (forward)
+    gathered_backward: int = 0  # ... and in backward
+    autocast_cache: int = 0  # bf16 copies of fp32 weights cached during forward (knobs H.4)
+    grads_between_steps: int = 0  # gradient storage that exists during forward
+    grads_after_backward: int = 0  # all gradient storage at the end of backward
+    grads_unreduced: int = 0  # full-size grads of one module waiting for reduce-scatter
+    optimizer: int = 0
+    step_grads: int = 0  # extra gradient copies made inside optimizer.step (fp32 flatten/upcast)
+    step_temporaries: int = 0  # optimizer math temporaries (foreach lists, sub-group scratch)
+    engine_buffers: int = 0  # reduce buckets, DDP buckets, offload staging
+    paged_optimizer: int = 0  # cudaMallocManaged states: outside torch's counters, on the device
+    host: list[HostBuffer] = field(default_factory=list)  # per rank
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(b.resident for b in self.host)
+
+
+def _sum(tensors, pred=lambda t: True) -> int:
+    return sum(t.total for t in tensors if pred(t))
+
+
+def _frozen_bytes(s: Scenario, tensors: list[ParamTensor]) -> float:
+    """Bytes of frozen weights: 4-bit storage for quantized linears, compute dtype for the rest."""
+    qbytes = NF4_DQ_BYTES if s.double_quant else NF4_BYTES
+    if s.model.quantization == "gptq-int4":
+        qbytes = GPTQ_BYTES_PER_GROUP_OF_128
+    frozen_dtype = 4 if s.precision == "fp32" or s.kbit_upcast and s.tuning == "qlora" else s.compute_bytes
+    total = 0.0
+    for t in tensors:
+        if t.trainable:
+            continue
+        if t.quantized:
+            total += t.total * qbytes
+        else:
+            total += t.total * frozen_dtype
+    return total
+
+
+def trainable_dtype_bytes(s: Scenario, t: ParamTensor) -> int:
+    """dtype of a trainable tensor as it lives in the module (outside DeepSpeed)."""
+    if t.kind == "lora":
+        return BYTES[s.adapter_dtype] if s.precision != "fp32" else 4
+    return 2 if s.precision.endswith("pure") else 4
+
+
+def _adam_state_bytes(s: Scenario, param_bytes: int) -> float:
+    return {
+        "adamw-foreach": 2 * param_bytes,
+        "adamw-fused": 2 * param_bytes,
+        "adamw-loop": 2 * param_bytes,
+        "adamw-8bit": ADAM8BIT_BYTES,
+        "paged-adamw-8bit": ADAM8BIT_BYTES,
+        "paged-adamw-32bit": 8,
+        "sgd": 0,
+        "adafactor": 0,
+    }[s.optimizer]
+
+
+def _adafactor_bytes(trainable: list[ParamTensor], param_bytes: int) -> int:
+    """Adafactor keeps factored row and column second moments for matrices, full ones for vectors."""
+    total = 0
+    for t in trainable:
+        width = t.in_features + t.out_features if t.in_features and t.out_features else t.numel
+        total += width * t.count * param_bytes
+    return total
+
+
+def _torch_optimizer(s: Scenario, trainable: list[ParamTensor]) -> tuple[int, int, int]:
+    """(states, step temporaries, paged states) of a torch/bitsandbytes optimizer over the given tensors."""
+    states = temps = paged = 0
+    for t in trainable:
+        pb = trainable_dtype_bytes(s, t)
+        st = int(t.total * _adam_state_bytes(s, pb))
+        if s.optimizer.startswith("paged"):
+            paged += st
+        else:
+            states += st
+        if s.optimizer == "adamw-foreach":
+            temps += t.total * pb  # torch._foreach_sqrt(exp_avg_sqs): one state-sized list at once
+    if s.optimizer == "adafactor":
+        states = _adafactor_bytes(trainable, 4)
+    if s.optimizer == "adamw-loop" and trainable:
+        temps = max(t.numel * trainable_dtype_bytes(s, t) for t in trainable)
+    return states, temps, paged
+
+
+def plain_states(s: Scenario, tensors: list[ParamTensor]) -> ModelStates:
+    """Single GPU or DDP: every rank holds all weights, grads and optimizer states."""
+    trainable = [t for t in tensors if t.trainable]
+    grads = sum(t.total * trainable_dtype_bytes(s, t) for t in trainable)
+    states, temps, paged = _torch_optimizer(s, trainable)
+    ms = ModelStates(
+        weights=int(_frozen_bytes(s, tensors)) + grads,  # trainable weights have the grads' dtype
+        grads_between_steps=grads if s.grad_accum > 1 else 0,
+        grads_after_backward=grads,
+        optimizer=states,
+        step_temporaries=temps,
+        paged_optimizer=paged,
+    )
+    if s.precision.endswith("mixed"):
+        # autocast caches a low-precision copy of each fp32 weight it casts (Linear weights)
+        ms.autocast_cache = sum(t.total * s.compute_bytes for t in trainable
+                                if trainable_dtype_bytes(s, t) == 4 and t.kind in ("linear", "lm_head", "lora"))
+    if s.optimizer_in_backward:
+        # the step runs inside backward per parameter, so only one gradient exists at a time
+        largest = max((t.numel * trainable_dtype_bytes(s, t) for t in trainable), default=0)
+        ms.grads_after_backward = ms.grads_between_steps = largest
+        ms.step_temporaries = min(ms.step_temporaries, largest)
+    if s.engine == "ddp" and s.world_size > 1 and DDP_BUCKET_COPY:
+        ms.engine_buffers = grads
+        ms.notes.append("DDP keeps flat gradient buckets beside param.grad (gradient_as_bucket_view=False)")
+    return ms
+
+
+def _largest_module(tensors: list[ParamTensor]) -> int:
+    return max((t.numel for t in tensors), default=0)
+
+
+def fsdp_states(s: Scenario, tensors: list[ParamTensor]) -> ModelStates:
+    """FSDP: params, grads and optimizer states sharded over ranks (FULL_SHARD), one unit gathered."""
+    n = s.world_size if s.fsdp.strategy != "hybrid_shard" else s.hardware.gpus_per_node
+    trainable = [t for t in tensors if t.trainable]
+    grads = sum(t.total * trainable_dtype_bytes(s, t) for t in trainable)
+    states, temps, paged = _torch_optimizer(s, trainable)
+    frozen = _frozen_bytes(s, tensors)
+    unit = _layer_bytes(s, tensors) * s.compute_bytes  # one decoder layer unsharded, in compute dtype
+    ms = ModelStates(
+        weights=int((frozen + grads) / n),
+        gathered_forward=2 * unit,  # the running unit + the one prefetched
+        gathered_backward=2 * unit,
+        grads_between_steps=grads // n if s.grad_accum > 1 else 0,
+        grads_after_backward=grads // n,
+        grads_unreduced=_layer_bytes(s, trainable) * s.compute_bytes,
+        optimizer=states // n,
+        step_temporaries=temps // n,
+        paged_optimizer=paged // n,
+    )
+    if s.fsdp.strategy == "shard_grad_op":
+        ms.gathered_backward = ms.gathered_forward = int(frozen + grads) - ms.weights
+    if s.fsdp.cpu_offload:
+        ms.host = [HostBuffer("sharded params + grads + optimizer (FSDP CPU offload)",
+                              ms.weights + ms.grads_after_backward + ms.optimizer, pinned=True)]
+        ms.weights = ms.grads_after_backward = ms.optimizer = ms.step_temporaries = 0
+        ms.grads_between_steps = 0
+    return ms
+
+
+def _layer_bytes(s: Scenario, tensors: list[ParamTensor]) -> int:
+    """Elements of one decoder layer (the FSDP / ZeRO-3 gather unit)."""
+    layers = max(s.model.num_layers, 1)
+    per_layer = sum(t.total for t in tensors if t.per_layer) // layers
+    return max(per_layer, _largest_module([t for t in tensors if not t.per_layer]))
+
+
+def _zero3_retained(s: Scenario, tensors: list[ParamTensor], max_reuse: int) -> int:
+    """Elements DeepSpeed keeps gathered across the forward->backward turn because they are reused
+    within max_reuse_distance elements of the fetch trace (partitioned_param_coordinator.py)."""
+    layer = sum(t.total for t in tensors if t.per_layer) // max(s.model.num_layers, 1)
+    head = sum(t.total for t in tensors if t.kind == "lm_head") or sum(t.total for t in tensors if t.kind == "embedding")
+    retained, after = head, 0
+    for _ in range(s.model.num_layers):
+        if 2 * after + layer > max_reuse:
+            break
+        retained += layer
+        after += layer
+    return retained
+
+
+def deepspeed_states(s: Scenario, tensors: list[ParamTensor]) -> ModelStates:
+    ds = s.deepspeed
+    n = s.world_size
+    psi = _sum(tensors, lambda t: t.trainable)  # trainable elements
+    phi = _sum(tensors)
+    lp = 4 if s.precision == "fp32" else 2  # DeepSpeed casts the module to bf16/fp16 (engine.py)
+    frozen = _frozen_bytes(s, tensors)
+    accum = BYTES[ds.grad_accum_dtype] if ds.grad_accum_dtype else lp
+    bucket_elems = ds.reduce_bucket_size
+    ms = ModelStates()
+    offload = ds.offload_optimizer != "none"
+    gpu_share = _ratio_gpu_share(s, psi) if offload else 1.0
+    part = -(-psi // n)
+    if ds.stage == 0:
+        ms.weights = int(frozen) + psi * lp
+        ms.grads_after_backward = psi * lp
+        ms.optimizer = 12 * psi  # fp32 master + Adam m, v (FP16_Optimizer / DDP_BFLOAT16)
+        ms.step_grads = 4 * psi  # fp32 copy of the flat grads at step
+    elif ds.stage in (1, 2):
+        ms.weights = int(frozen) + psi * lp  # bf16 flat groups are full on every rank
+        ms.grads_after_backward = psi * accum if ds.stage == 1 else part * accum
+        ms.grads_between_steps = part * accum if ds.stage == 2 else 0
+        ms.optimizer = 12 * part
+        ms.step_grads = 6 * part  # flatten (accum dtype) then .to(fp32) of the partition
+        if ds.contiguous_gradients or offload:
+            ms.engine_buffers = bucket_elems * lp * (2 if ds.overlap else 1)
+        if offload:
+            largest = _largest_module([t for t in tensors if t.trainable])
+            ms.engine_buffers += largest * lp  # temp_grad_buffer_for_gpu_offload
+            ms.optimizer = ms.step_grads = 0
+            ms.grads_between_steps = 0
+            ms.grads_after_backward = psi * accum if ds.stage == 1 else 0
+            ms.host = _offload_host_stage12(s, part, largest, lp)
+    else:
+        ms = _zero3_states(s, tensors, psi, phi, frozen, lp, accum, gpu_share)
+    ms.notes.append(f"DeepSpeed ZeRO-{ds.stage}: reduce bucket {bucket_elems:,} elements, "
+                    f"overlap_comm {ds.overlap}")
+    return ms
+
+
+def _ratio_gpu_share(s: Scenario, psi: int) -> float:
+    """Fraction of the optimizer partition that stays on the GPU under `ratio` (ZeRO-3 only): the
+    first floor((1 - ratio) * S) of S sub-groups (stage3.py _create_fp32_partitions)."""
+    ds = s.deepspeed
+    part = -(-psi // s.world_size)
+    groups = max(1, -(-part // ds.sub_group_size))
+    on_gpu = int((1 - ds.ratio) * groups)
+    return on_gpu / groups
+
+
+def _zero3_states(s, tensors, psi, phi, frozen, lp, accum, gpu_share) -> ModelStates:
+    ds = s.deepspeed
+    n = s.world_size
+    part = -(-psi // n)
+    persistent = _sum(tensors, lambda t: t.numel < ds.param_persistence_threshold)
+    largest = _largest_module(tensors)
+    prefetch = min(ds.prefetch_bucket_size, ds.max_live_parameters)
+    retained = _zero3_retained(s, tensors, 1_000_000_000)
+    ms = ModelStates()
+    ms.weights = int((frozen + psi * lp) / n) + persistent * lp
+    ms.gathered_forward = (largest + prefetch) * lp
+    ms.gathered_backward = (largest + prefetch + retained) * lp
+    ms.grads_unreduced = _largest_module([t for t in tensors if t.trainable]) * lp
+    ms.engine_buffers = ds.reduce_bucket_size * lp  # one IPG buffer in stage 3
+    sub = min(ds.sub_group_size, part)
+    if ds.offload_optimizer == "none":
+        ms.grads_between_steps = ms.grads_after_backward = part * accum
+        ms.optimizer = 12 * part
+        ms.engine_buffers += sub * 4  # fp32 gradient scratch of the largest sub-group
+        ms.step_temporaries = 6 * sub  # flatten + .to(fp32) per sub-group
+        return ms
+    gpu_part = int(part * gpu_share)
+    host_part = part - gpu_part
+    ms.optimizer = 16 * gpu_part  # master + m + v + fp32 grad of the GPU-resident sub-groups
+    ms.step_temporaries = 6 * min(sub, gpu_part) if gpu_part else 0
+    ms.host = [
+        HostBuffer("grad partition buffer (stage3 grad_partitions_flat_buffer)", part * accum, ds.pin_memory),
+        HostBuffer("fp32 master weights (offloaded sub-groups)", 4 * host_part, ds.pin_memory),
+        HostBuffer("fp32 gradients (offloaded sub-groups)", 4 * host_part, ds.pin_memory),
+        HostBuffer("Adam m + v (DeepSpeedCPUAdam)", 8 * host_part, False),
+    ]
+    if ds.pin_memory:
+        ms.host = _split_by_subgroup(ms.host, sub)
+    if ds.offload_param != "none":
+        ms.host.append(HostBuffer("bf16 param partitions (offload_param, always pinned)", int((frozen + psi * lp) / n),
+                                  True))
+        ms.weights = persistent * lp
+    return ms
+
+
+def _split_by_subgroup(buffers: list[HostBuffer], sub: int) -> list[HostBuffer]:
+    """Pinned fp32 buffers are allocated per sub-group; each rounds up to a power of two on its own."""
+    out = []
+    for b in buffers:
+        unit = sub * 4 if "fp32" in b.name else b.nbytes
+        if not b.pinned or unit <= 0 or b.nbytes <= unit:
+            out.append(b)
+            continue
+        full, rest = divmod(b.nbytes, unit)
+        out += [HostBuffer(b.name, unit, True) for _ in range(full)]
+        if rest:
+            out.append(HostBuffer(b.name, rest, True))
+    return out
+
+
+def _offload_host_stage12(s: Scenario, part: int, largest: int, lp: int) -> list[HostBuffer]:
+    pin = s.deepspeed.pin_memory
+    bufs = [
+        HostBuffer("fp32 master weights partition", 4 * part, pin),
+        HostBuffer("fp32 gradient partition", 4 * part, pin),
+        HostBuffer("Adam m + v (DeepSpeedCPUAdam)", 8 * part, False),
+        HostBuffer("bf16 staging copy of the partition", part * lp, pin),
+        HostBuffer("temp_grad_buffer_for_cpu_offload", largest * lp, pin),
+    ]
+    if s.grad_accum > 1:
+        bufs.append(HostBuffer("accumulated_grads_in_cpu", part * lp, False))
+    return bufs
+
+
+def model_states(s: Scenario, tensors: list[ParamTensor]) -> ModelStates:
+    if s.engine == "deepspeed":
+        return deepspeed_states(s, tensors)
+    if s.engine == "fsdp":
+        return fsdp_states(s, tensors)
+    return plain_states(s, tensors)

@@ -1,0 +1,16 @@
+import pytest
+
+from memfit.catalog import find_gpu, find_model
+from memfit.profiles import build_scenario
+from memfit.scenario import Hardware
+
+
+@pytest.fixture
+def scenario():
+    """Build a Scenario the way the CLI does: model and GPU by name, knobs as the user says them."""
+
+    def make(model="qwen2-7b-instruct", gpu="rtx4090", gpus=1, profile="hf-trainer", host_ram=None, **knobs):
+        hw = Hardware(gpu=find_gpu(gpu), gpus_per_node=gpus, host_ram_bytes=host_ram)
+        return build_scenario(find_model(model), hw, knobs, profile)
+
+    return make

@@ -1,0 +1,101 @@
+"""Model-state bytes against hand derivations from ../shared/reference/knobs.md (A.2, A.6, D, F.4)."""
+import pytest
+
+from memfit.estimate import estimate
+from memfit.inventory import count_params, tuned_tensors
+from memfit.states import model_states
+
+
+def _states(s):
+    tensors = tuned_tensors(s.model, s.tuning, s.lora.rank if s.lora else 8,
+                            s.lora.targets if s.lora else (), False, s.freeze_trainable_layers)
+    return tensors, model_states(s, tensors)
+
+
+def test_zero3_model_states_are_16_bytes_per_param_over_gpus(scenario):
+    # bf16 params + bf16 grads + fp32 master + Adam m, v, all partitioned: 2 + 2 + 12 bytes / N
+    s = scenario("qwen2-7b-instruct", gpus=4, profile="openrlhf", zero_stage=3, micro_batch=1, seq_len=128)
+    tensors, ms = _states(s)
+    phi = count_params(s.model)
+    persistent = sum(t.total for t in tensors if t.numel < s.deepspeed.param_persistence_threshold)
+    expected = 16 * phi / 4 + 2 * persistent
+    got = ms.weights + ms.grads_after_backward + ms.optimizer
+    assert got == pytest.approx(expected, rel=1e-3)
+
+
+def test_zero2_replicates_bf16_params_and_partitions_the_rest(scenario):
+    s = scenario("qwen2-7b-instruct", gpus=4, profile="openrlhf", zero_stage=2)
+    _, ms = _states(s)
+    phi = count_params(s.model)
+    assert ms.weights == 2 * phi
+    assert ms.optimizer == 12 * -(-phi // 4)
+    assert ms.grads_after_backward == 2 * -(-phi // 4)
+    # OpenRLHF leaves reduce_bucket_size "auto" -> DeepSpeed's 5e8 elements, bf16, one buffer without overlap
+    assert ms.engine_buffers == 500_000_000 * 2
+
+
+def test_hf_auto_fills_zero3_buckets_from_hidden_size(scenario):
+    s = scenario("qwen2-7b-instruct", gpus=4, profile="hf-trainer", zero_stage=3)
+    h = s.model.hidden_size
+    assert s.deepspeed.reduce_bucket_size == h * h
+    assert s.deepspeed.prefetch_bucket_size == int(0.9 * h * h)
+    assert s.deepspeed.param_persistence_threshold == 10 * h
+
+
+def test_pure_bf16_foreach_adamw_peaks_at_10_bytes_per_param(scenario):
+    # bf16 weights 2 + bf16 grads 2 + bf16 m, v 4 + foreach sqrt list 2 (torch _multi_tensor_adamw)
+    s = scenario("mistral-7b", gpu="a100-80gb", precision="bf16-pure", optimizer="adamw-foreach",
+                 micro_batch=1, seq_len=512, checkpointing="full", attention="flash")
+    e = estimate(s)
+    step = e.allocated.phases["optimizer_step"]
+    phi = count_params(s.model)
+    model_bytes = step.get("weights") + step.get("gradients") + step.get("optimizer_states")
+    assert model_bytes == 10 * phi
+
+
+def test_lora_r8_all_linear_on_llama31_8b_trains_peft_count(scenario):
+    s = scenario("llama-3.1-8b-instruct", tuning="lora", lora_rank=8)
+    tensors, _ = _states(s)
+    # PEFT prints "trainable params: 20,971,520" for r=8 on all linear layers of Llama-3-8B
+    assert sum(t.total for t in tensors if t.trainable) == 20_971_520
+
+
+def test_offload_ratio_moves_optimizer_bytes_from_host_to_gpu(scenario):
+    common = dict(model="qwen2.5-72b-instruct", gpu="a100-80gb", gpus=8, profile="openrlhf", zero_stage=3,
+                  offload_optimizer="cpu", pin_memory=False, sub_group_size=100_000_000)
+    _, full = _states(scenario(**common))
+    _, partial = _states(scenario(ratio=0.9, **common))
+    moved_gpu = partial.optimizer - full.optimizer
+    moved_host = full.host_bytes - partial.host_bytes
+    assert moved_gpu > 0
+    # 16 B (master, m, v, fp32 grad) per element move to the GPU and leave the host
+    assert moved_host == pytest.approx(moved_gpu, rel=0.02)
+    part = -(-count_params(scenario(**common).model) // 8)
+    assert moved_gpu == pytest.approx(16 * part * 0.1, rel=0.02)
+
+
+def test_ratio_without_small_sub_groups_offloads_everything(scenario):
+    # sub_group_size 1e9 > partition -> one sub-group -> int((1 - 0.9) * 1) = 0 stay on the GPU (knobs A.6)
+    common = dict(model="qwen2-7b-instruct", gpus=4, profile="openrlhf", zero_stage=3, offload_optimizer="cpu")
+    _, a = _states(scenario(**common))
+    _, b = _states(scenario(ratio=0.9, **common))
+    assert a.optimizer == b.optimizer == 0
+
+
+def test_pinned_host_buffers_cost_more_than_unpinned(scenario):
+    common = dict(model="qwen2.5-72b-instruct", gpu="a100-80gb", gpus=8, profile="openrlhf", zero_stage=3,
+                  offload_optimizer="cpu")
+    _, pinned = _states(scenario(pin_memory=True, **common))
+    _, unpinned = _states(scenario(pin_memory=False, **common))
+    assert pinned.host_bytes > unpinned.host_bytes
+    assert sum(b.nbytes for b in pinned.host) == sum(b.nbytes for b in unpinned.host)
+
+
+def test_qlora_stores_decoder_linears_in_4bit(scenario):
+    s = scenario("llama-3.1-8b-instruct", tuning="qlora")
+    tensors, ms = _states(s)
+    quantized = sum(t.total for t in tensors if t.quantized)
+    other_frozen = sum(t.total for t in tensors if not t.trainable and not t.quantized)
+    adapters = sum(t.total for t in tensors if t.trainable)
+    nf4_dq = 0.5 + 1 / 64 + 4 / (64 * 256)
+    assert ms.weights == int(quantized * nf4_dq + other_frozen * 2) + adapters * 4
