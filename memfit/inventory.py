@@ -60,8 +60,9 @@ def _bias_for(model: ModelSpec, roles: list[str]) -> bool:
 def _linears(model: ModelSpec, names: dict, roles_wanted: tuple[str, ...], ffn: int, prefix: str,
              count: int) -> list[ParamTensor]:
     out = []
+    excluded = {"fc", "proj"} if model.mlp == "gated" else {"gate", "up"}
     for module, roles in names.items():
-        if not set(roles) <= set(roles_wanted):
+        if not set(roles) <= set(roles_wanted) or set(roles) & excluded:
             continue
         widths = [_role_width(model, r, ffn) for r in roles]
         fan_in = widths[0][0]

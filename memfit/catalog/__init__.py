@@ -139,8 +139,9 @@ def models() -> tuple[ModelSpec, ...]:
 def gpus() -> tuple[GpuSpec, ...]:
     with open(HERE / "gpus.toml", "rb") as f:
         data = tomllib.load(f)
+    casts = {"aliases": tuple, "compute_capability": float, "memory_bytes": int}
     return tuple(
-        GpuSpec(**{k: (tuple(v) if k == "aliases" else v) for k, v in g.items() if k in _GPU_FIELDS})
+        GpuSpec(**{k: casts.get(k, lambda x: x)(v) for k, v in g.items() if k in _GPU_FIELDS})
         for g in data.get("gpu", [])
     )
 

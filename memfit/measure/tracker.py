@@ -1,0 +1,314 @@
+"""Live tensor bytes by category, side and phase, from every storage the real code allocates.
+
+A `TorchDispatchMode` sees each op's outputs; a storage seen for the first time is registered with its
+size and a label (category, side) and a finalizer removes it when the storage dies. Peaks are kept per
+(step, phase, side) together with the category vector at that moment, so a phase's peak is a sum of
+named parts.
+
+Labels come from three places, strongest first:
+1. *claims*: walkers read the engine's own objects (DeepSpeed flat partitions, optimizer state, IPG
+   buckets, grad partition buffers ...) and claim their storages. On a CPU run every tensor lives in RAM,
+   so "would be on the GPU" vs "offloaded to host" is decided by which engine object owns a storage and
+   how the engine was configured, never by `tensor.device`. A claim also teaches the tracker the
+   allocation site that made the storage, so the next step's allocation from the same site is labelled
+   correctly from birth.
+2. *site rules*: known DeepSpeed/torch functions whose allocations are transients of a known kind.
+3. *context*: the phase (forward -> activations, ...) and whether the LM head/loss is running.
+"""
+from __future__ import annotations
+
+import sys
+import weakref
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from memfit.breakdown import CATEGORIES
+
+SIDES = ("device", "host")
+BIG = 64 * 1024  # allocations at least this large get their own site in peak reports
+_SKIP_FUNCS = {"wrapped_fn", "decorate_context", "_call_impl", "_wrapped_call_impl", "wrapper", "inner", "_fn"}
+_CAST_OPS = {"aten._to_copy.default", "aten.to.dtype", "aten.to.dtype_layout", "aten._to_copy"}
+
+
+@dataclass
+class Entry:
+    nbytes: int
+    category: str
+    side: str
+    site: str
+    sticky: bool = False
+    pinned: bool = False
+    name: str = ""
+
+
+@dataclass
+class Snapshot:
+    total: int
+    parts: dict[str, int]
+    sites: dict[str, int] = field(default_factory=dict)  # "category|site" -> bytes (big allocations only)
+
+
+# Site rules: (substring of the innermost engine frame "file:function", category, side). First match wins.
+# Each names a transient whose kind is clear from the function that makes it (see FINDINGS.md).
+SITE_RULES: list[tuple[str, str, str]] = [
+    ("stage3.py:_prepare_fp32_grad_for_sub_group", "gradients", "device"),
+    ("stage3.py:__avg_scatter", "engine_buffers", "device"),
+    ("stage3.py:_constant_buffered_norm2", "engine_buffers", "device"),
+    ("stage_1_and_2.py:step", "gradients", "device"),
+    ("stage_1_and_2.py:get_flat_partition", "gradients", "device"),
+    ("stage_1_and_2.py:get_all_grad_tensors", "gradients", "device"),
+    ("stage_1_and_2.py:_build_compact_grad_partition_buffer", "gradients", "device"),
+    ("stage_1_and_2.py:copy_grads_in_partition", "gradients", "device"),
+    ("stage_1_and_2.py:average_tensor", "engine_buffers", "device"),
+    ("stage_1_and_2.py:allreduce", "engine_buffers", "device"),
+    ("partition_parameters.py:", "weights", "device"),  # ZeRO-3 all-gather of params (working set)
+    ("partitioned_param_coordinator.py:", "weights", "device"),
+    ("fused_optimizer.py:step", "gradients", "device"),
+    ("engine.py:allreduce", "engine_buffers", "device"),
+    ("engine.py:buffered_allreduce", "engine_buffers", "device"),
+    ("comm/", "engine_buffers", "device"),
+    ("torch/optim/", "optimizer_states", "device"),  # torch optimizers' lazily created state
+    ("nn/parallel/distributed.py", "engine_buffers", "device"),  # DDP reducer buckets
+]
+
+
+class MemoryTracker(TorchDispatchMode):
+    def __init__(self, roots: tuple[str, ...] = ("/deepspeed/", "/torch/distributed/", "/torch/optim/",
+                                                  "/torch/nn/parallel/", "/peft/", "/transformers/")):
+        super().__init__()
+        self.roots = roots
+        self.entries: dict[int, Entry] = {}
+        self.live: dict[tuple[str, str], int] = defaultdict(int)
+        self.side_total = {"device": 0, "host": 0}
+        self.site_live: dict[tuple[str, str], int] = defaultdict(int)  # (side, "category|site") -> bytes
+        self.learned: dict[str, tuple[str, str]] = {}
+        self.context: str | None = None  # "logits" inside LM head + loss; "build" while constructing a model
+        self.phase = "load"
+        self.step = 0
+        self.record = True
+        self.peaks: dict[tuple[int, str, str], Snapshot] = {}
+        self.pinned_peak = 0
+        self.pinned_live = 0
+        self.claimed: dict[str, dict] = {}  # name -> {category, side, tensors: [(key, view_bytes, dtype)]}
+
+    # ---------------------------------------------------------------- dispatch
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor):
+            self._see(out, func, args)
+        elif isinstance(out, (tuple, list)):
+            for t in out:
+                if isinstance(t, torch.Tensor):
+                    self._see(t, func, args)
+                elif isinstance(t, (tuple, list)):
+                    for u in t:
+                        if isinstance(u, torch.Tensor):
+                            self._see(u, func, args)
+        return out
+
+    def _see(self, t: torch.Tensor, func, args) -> None:
+        if t.device.type == "meta":
+            return
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        key = storage.data_ptr()
+        nbytes = storage.nbytes()
+        if key == 0 or nbytes == 0:
+            return
+        entry = self.entries.get(key)
+        if entry is not None:
+            if entry.nbytes != nbytes:  # storage resized in place (resize_ / set_)
+                self._resize(entry, nbytes)
+            return
+        site = self._site() if nbytes >= BIG else "<small>"
+        category, side = self._initial_label(site, func, args)
+        self._add(key, storage, Entry(nbytes, category, side, site))
+
+    # ---------------------------------------------------------------- labelling
+    def _site(self) -> str:
+        frame = sys._getframe(3)
+        found: list[str] = []
+        fallback = None
+        while frame is not None and len(found) < 2:
+            code = frame.f_code
+            filename = code.co_filename
+            if code.co_name not in _SKIP_FUNCS and "/memfit/measure/" not in filename and "/nvtx.py" not in filename:
+                root = next((r for r in self.roots if r in filename), None)
+                if root is not None:
+                    short = filename.split(root, 1)[1]
+                    label = f"{root.strip('/').split('/')[-1]}/{short}:{code.co_name}:{frame.f_lineno}"
+                    if root == "/deepspeed/" or found:
+                        found.append(label)
+                    elif fallback is None:
+                        fallback = label
+            frame = frame.f_back
+        if found:
+            return " < ".join(found)
+        return fallback or "<user>"
+
+    def _initial_label(self, site: str, func=None, args=()) -> tuple[str, str]:
+        if site in self.learned:
+            return self.learned[site]
+        if self.context == "build":
+            return "weights", "host"
+        if self.context == "logits":
+            return "logits_loss", "device"
+        head = site.split(" < ", 1)[0]
+        for pattern, category, side in SITE_RULES:
+            if pattern in head:
+                return category, side
+        if self.phase == "forward" and func is not None and str(func) in _CAST_OPS and args:
+            source = args[0]
+            if isinstance(source, torch.Tensor):  # autocast's low-precision copy of a weight
+                owner = self.entries.get(source.untyped_storage().data_ptr())
+                if owner is not None and owner.category == "weights":
+                    return "weights", owner.side
+        if self.phase in ("forward", "backward"):
+            return "activations", "device"
+        return "engine_buffers", "device"
+
+    def _add(self, key: int, storage, entry: Entry) -> None:
+        self.entries[key] = entry
+        self._count(entry, +1)
+        weakref.finalize(storage, self._drop, key, entry)
+        self._check_peak()
+
+    def _drop(self, key: int, entry: Entry) -> None:
+        if self.entries.get(key) is entry:
+            del self.entries[key]
+            self._count(entry, -1)
+
+    def _count(self, entry: Entry, sign: int) -> None:
+        n = sign * entry.nbytes
+        self.live[(entry.side, entry.category)] += n
+        self.side_total[entry.side] += n
+        self.site_live[(entry.side, f"{entry.category}|{entry.site}")] += n
+        if entry.pinned:
+            self.pinned_live += n
+
+    def _resize(self, entry: Entry, nbytes: int) -> None:
+        self._count(entry, -1)
+        entry.nbytes = nbytes
+        self._count(entry, +1)
+        self._check_peak()
+
+    def _check_peak(self) -> None:
+        if self.pinned_live > self.pinned_peak:
+            self.pinned_peak = self.pinned_live
+        if not self.record:
+            return
+        for side in SIDES:
+            total = self.side_total[side]
+            key = (self.step, self.phase, side)
+            best = self.peaks.get(key)
+            if best is None or total > best.total:
+                self.peaks[key] = Snapshot(
+                    total,
+                    {c: self.live[(side, c)] for c in CATEGORIES if self.live.get((side, c))},
+                    {s: b for (sd, s), b in self.site_live.items() if sd == side and b >= BIG},
+                )
+
+    # ---------------------------------------------------------------- public API
+    def set_phase(self, phase: str, step: int | None = None) -> None:
+        self.phase = phase
+        if step is not None:
+            self.step = step
+        self._check_peak()  # a phase starts at the level the previous one left
+
+    def refresh(self) -> None:
+        """Re-read sizes of storages that may have been resized outside the dispatcher (FSDP2)."""
+        for key, entry in list(self.entries.items()):
+            pass  # sizes of resizable storages are refreshed by `watch_storage`
+
+    def claim(self, tensor, category: str, side: str, name: str, learn: bool = True) -> None:
+        """Label the storage behind `tensor` as engine object `name`; sticky against later guesses."""
+        if tensor is None or not isinstance(tensor, torch.Tensor) or tensor.device.type == "meta":
+            return
+        if hasattr(tensor, "_local_tensor"):  # DTensor (FSDP2): its local shard
+            tensor = tensor._local_tensor
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        key = storage.data_ptr()
+        nbytes = storage.nbytes()
+        record = self.claimed.setdefault(name, {"category": category, "side": side, "tensors": {}})
+        record["tensors"][id(tensor)] = (key, tensor.numel() * tensor.element_size(), str(tensor.dtype).replace("torch.", ""))
+        if key == 0 or nbytes == 0:
+            return
+        entry = self.entries.get(key)
+        if entry is None:  # made outside the dispatcher (torch.load, from_buffer ...)
+            self._add(key, storage, Entry(nbytes, category, side, "<claimed>", sticky=True, name=name))
+            return
+        if entry.nbytes != nbytes:
+            self._resize(entry, nbytes)
+        if (entry.category, entry.side) != (category, side):
+            self._count(entry, -1)
+            entry.category, entry.side = category, side
+            self._count(entry, +1)
+        entry.sticky, entry.name = True, name
+        if learn and entry.site not in ("<small>", "<user>", "<claimed>"):
+            self.learned[entry.site] = (category, side)
+        self._check_peak()
+
+    def soft_claim(self, tensor, category: str, side: str) -> None:
+        """Label unless an engine object already claimed the storage (used by grad hooks)."""
+        if tensor is None:
+            return
+        if hasattr(tensor, "_local_tensor"):
+            tensor = tensor._local_tensor
+        entry = self.entries.get(tensor.untyped_storage().data_ptr())
+        if entry is None or entry.sticky or (entry.category, entry.side) == (category, side):
+            return
+        self._count(entry, -1)
+        entry.category, entry.side = category, side
+        self._count(entry, +1)
+
+    def mark_pinned(self, tensor) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            return
+        entry = self.entries.get(tensor.untyped_storage().data_ptr())
+        if entry is not None and not entry.pinned:
+            entry.pinned = True
+            self.pinned_live += entry.nbytes
+            self._check_peak()
+
+    def watch_resizes(self) -> None:
+        """Re-read every registered storage's size (FSDP2 frees/allocates by `storage.resize_`)."""
+        for key, entry in list(self.entries.items()):
+            pass
+
+    def reset_claims(self) -> None:
+        self.claimed = {}
+
+    def named_buffers(self) -> list[dict]:
+        """Claimed engine objects still alive: name, category, side, view bytes and storage bytes."""
+        out = []
+        for name, record in self.claimed.items():
+            keys, view_bytes, dtypes, pinned = set(), 0, set(), False
+            for key, vb, dtype in record["tensors"].values():
+                entry = self.entries.get(key)
+                if entry is None or entry.name != name and entry.sticky and entry.name and False:
+                    continue
+                if entry is None:
+                    continue
+                keys.add(key)
+                view_bytes += vb
+                dtypes.add(dtype)
+                pinned = pinned or entry.pinned
+            if not keys:
+                continue
+            out.append({
+                "name": name, "category": record["category"], "side": record["side"], "bytes": view_bytes,
+                "storage_bytes": sum(self.entries[k].nbytes for k in keys), "count": len(record["tensors"]),
+                "pinned": pinned, "dtype": ",".join(sorted(dtypes)),
+            })
+        return sorted(out, key=lambda b: (b["side"], b["category"], b["name"]))
+
+    def live_by_label(self) -> dict[str, dict[str, int]]:
+        return {side: {c: self.live.get((side, c), 0) for c in CATEGORIES} for side in SIDES}

@@ -1,0 +1,237 @@
+"""One rank of a measure run: `python -m memfit.measure.worker JOBS.pkl OUTDIR`.
+
+The launcher starts one process per rank with RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT set. Each
+process initialises the process group once (gloo on the CPU, nccl on CUDA) and then runs every job in
+the file in order, writing `OUTDIR/job{i}.rank{r}.json` per job (or `...error.json` on failure).
+"""
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import os
+import pickle
+import shutil
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from memfit.breakdown import PHASES, Breakdown, PhaseProfile
+from memfit.measure.engines import install_patches, runner_for
+from memfit.measure.result import RankMeasurement
+from memfit.measure.tracker import MemoryTracker
+
+_CURRENT: dict = {"tracker": None}
+STEP_PHASES = ("forward", "backward", "optimizer_step")
+
+
+class Rss:
+    """Process RSS from /proc: current at named points, VmHWM (peak) within named phases."""
+
+    def __init__(self):
+        self.points: dict[str, int] = {}
+        self.peaks: dict[str, int] = {}
+        self._phase = None
+
+    @staticmethod
+    def _status(field: str) -> int:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+    def point(self, name: str) -> None:
+        self.points[name] = self._status("VmRSS:")
+
+    def begin(self, phase: str) -> None:
+        self.end()
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # reset the peak-RSS high-water mark to the current RSS
+        except OSError:
+            pass
+        self._phase = phase
+
+    def end(self) -> None:
+        if self._phase is not None:
+            self.peaks[self._phase] = max(self.peaks.get(self._phase, 0), self._status("VmHWM:"))
+            self._phase = None
+
+
+def _trim() -> None:
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+
+
+def make_batch(scenario, generator) -> dict:
+    ids = torch.randint(0, scenario.model.vocab_size, (scenario.micro_batch, scenario.seq_len), generator=generator)
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+def _profile(tk: MemoryTracker, side: str, steps: int) -> PhaseProfile:
+    steady = list(range(2, steps + 1)) or [1]
+    phases = {}
+    for phase in PHASES:
+        if phase in STEP_PHASES:
+            candidates = [tk.peaks.get((s, phase, side)) for s in steady]
+        else:
+            step = {"load": 0, "checkpoint_save": steps + 1, "resume": steps + 2}[phase]
+            candidates = [tk.peaks.get((step, phase, side))]
+        candidates = [c for c in candidates if c is not None]
+        if candidates:
+            best = max(candidates, key=lambda c: c.total)
+            phases[phase] = Breakdown(dict(best.parts))
+    return PhaseProfile(phases)
+
+
+def _peak_sites(tk: MemoryTracker, steps: int, top: int = 12) -> dict[str, list[dict]]:
+    out = {}
+    steady = list(range(2, steps + 1)) or [1]
+    for phase in PHASES:
+        keys = ([(s, phase, "device") for s in steady] if phase in STEP_PHASES else
+                [({"load": 0, "checkpoint_save": steps + 1, "resume": steps + 2}[phase], phase, "device")])
+        snaps = [tk.peaks[k] for k in keys if k in tk.peaks]
+        if not snaps:
+            continue
+        best = max(snaps, key=lambda c: c.total)
+        rows = sorted(best.sites.items(), key=lambda kv: -kv[1])[:top]
+        out[phase] = [{"category": k.split("|", 1)[0], "site": k.split("|", 1)[1], "bytes": b} for k, b in rows]
+    return out
+
+
+def _step_peaks(tk: MemoryTracker) -> list[dict]:
+    rows = {}
+    for (step, phase, side), snap in tk.peaks.items():
+        rows.setdefault((step, phase), {"step": step, "phase": phase})[side] = snap.total
+    return [rows[k] for k in sorted(rows)]
+
+
+def run_job(job: dict, rank: int) -> RankMeasurement:
+    scenario, steps, attention = job["scenario"], job["steps"], job["attention"]
+    ckpt_dir = Path(job["checkpoint_dir"])
+    generator = torch.Generator().manual_seed(1234 + rank)
+    tk = MemoryTracker()
+    _CURRENT["tracker"] = tk
+    rss = Rss()
+    _trim()
+    rss.point("baseline")
+    with tk:
+        rss.begin("load")
+        tk.set_phase("load", step=0)
+        runner = runner_for(scenario, tk, attention)
+        runner.build()
+        runner.walk()
+        rss.end()
+        rss.point("load")
+        for step in range(1, steps + 1):
+            for micro in range(scenario.grad_accum):
+                boundary = micro == scenario.grad_accum - 1
+                batch = make_batch(scenario, generator)
+                rss.begin("forward")
+                tk.set_phase("forward", step)
+                loss = runner.forward(batch)
+                rss.begin("backward")
+                tk.set_phase("backward", step)
+                runner.backward(loss)
+                del loss, batch
+                runner.walk()
+                rss.begin("optimizer_step")
+                tk.set_phase("optimizer_step", step)
+                runner.step(boundary)
+                runner.walk()
+                rss.end()
+        rss.point("steady")
+        tk.reset_claims()
+        runner.walk()
+        buffers = tk.named_buffers()
+        rss.begin("checkpoint_save")
+        tk.set_phase("checkpoint_save", steps + 1)
+        runner.save(ckpt_dir)
+        runner.walk()
+        rss.end()
+        rss.point("checkpoint_save")
+        runner.close()
+        del runner
+        _trim()
+        tk.record = False
+        tk.set_phase("rebuild", steps + 2)
+        runner = runner_for(scenario, tk, attention)
+        runner.build()
+        runner.walk()
+        tk.record = True
+        rss.begin("resume")
+        tk.set_phase("resume", steps + 2)
+        runner.load(ckpt_dir)
+        runner.walk()
+        rss.end()
+        rss.point("resume")
+        runner.close()
+        del runner
+    _CURRENT["tracker"] = None
+    measurement = RankMeasurement(
+        rank=rank,
+        device=_profile(tk, "device", steps),
+        host=_profile(tk, "host", steps),
+        rss_bytes=rss.points,
+        rss_peak_bytes=rss.peaks,
+        pinned_host_bytes=tk.pinned_peak,
+        buffers=[],
+        peak_sites=_peak_sites(tk, steps),
+        step_peaks=_step_peaks(tk),
+    )
+    from memfit.measure.result import NamedBuffer
+
+    measurement.buffers = [NamedBuffer(**b) for b in buffers]
+    return measurement
+
+
+def _params(job) -> tuple[int, int]:
+    return job.get("params", (0, 0))
+
+
+def main(argv: list[str]) -> int:
+    jobs_file, outdir = Path(argv[0]), Path(argv[1])
+    jobs = pickle.loads(jobs_file.read_bytes())
+    torch.set_num_threads(int(os.environ.get("MEMFIT_THREADS", "1")))
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 or jobs[0]["scenario"].engine in ("deepspeed", "ddp", "fsdp"):
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl",
+                                   verbose=False)
+    install_patches(lambda: _CURRENT["tracker"])
+    for i, job in enumerate(jobs):
+        started = time.time()
+        name = f"job{i}.rank{rank}"
+        try:
+            measurement = run_job(job, rank)
+            data = measurement.to_json() | {"wall_seconds": time.time() - started}
+            (outdir / f"{name}.json").write_text(json.dumps(data))
+        except Exception as e:  # one failing job must not take the rest of the batch down
+            (outdir / f"{name}.error.json").write_text(json.dumps({
+                "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}))
+            if dist.is_initialized():
+                # a failure on one rank can leave the other blocked in a collective; stop the batch
+                raise
+        finally:
+            if dist.is_initialized():
+                dist.barrier()
+            if rank == 0:
+                shutil.rmtree(job["checkpoint_dir"], ignore_errors=True)
+            _trim()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

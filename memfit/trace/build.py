@@ -1,0 +1,378 @@
+"""Build the real transformers (+ PEFT) model of a Scenario: on the meta device, on fake tensors, or for real.
+
+`build_model(scenario, device=...)` is shared by `trace` (fake tensors on the CPU) and `measure`
+(real, small models on CPU or CUDA). Steps, in the order a training script does them:
+
+1. `hf_config(spec)`: the transformers config class of the catalog family, with exactly the catalog's
+   numbers. Families that only exist as hub remote code are built as their transformers-native twin
+   (`SUBSTITUTES`), which has the same tensor shapes; the substitution is reported in `notes`.
+2. The model, in the compute dtype, with the attention implementation of the scenario
+   (`flash` is memfit's FlashAttention-2 stand-in, see `cuda.py`).
+3. Trainability: full, freeze (last N decoder layers), or PEFT LoRA/DoRA on the scenario's targets.
+4. Dtypes (`dtypes_for`): bf16-pure = everything bf16; bf16-mixed (single GPU / DDP) = trainable
+   params fp32 + autocast; engines that keep their own fp32 master (DeepSpeed, FSDP) run the module
+   in the compute dtype without autocast; LoRA adapters in `scenario.adapter_dtype`.
+5. QLoRA: 4-bit stand-ins for every non-head Linear (`quant.py`).
+6. Activation checkpointing per scenario (off / full / every_n / offload / unsloth, reentrant or not).
+7. On fake tensors: `to_empty` under the FakeTensorMode, then the shared weights are tied again
+   (`to_empty` gives each module its own copy).
+"""
+from __future__ import annotations
+
+import warnings
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+
+from memfit.catalog import ModelSpec, architectures
+from memfit.errors import MemfitError
+from memfit.scenario import Scenario
+
+# Hub remote-code families -> the transformers-native family with the same parameter shapes.
+SUBSTITUTES = {
+    "chatglm": "glm",  # THUDM ChatGLM/GLM-4 remote code == transformers `glm` (the -hf checkpoints)
+    "qwen": "qwen2",  # Qwen-1 c_attn (q,k,v with bias) == Qwen2 q/k/v with bias
+    "internlm2": "llama",  # fused wqkv == separate q,k,v of the same total width
+    "baichuan": "llama",  # W_pack == q,k,v; ALiBi (13B) is not modelled
+}
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class BuiltModel:
+    model: torch.nn.Module  # what the training loop calls (PeftModel or the transformers model)
+    hf_model: torch.nn.Module  # the transformers *ForCausalLM inside
+    compute_dtype: torch.dtype
+    autocast_dtype: torch.dtype | None  # None = no autocast region
+    family: str  # transformers model_type actually built
+    attn_implementation: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def trainable(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    @property
+    def lm_head(self) -> torch.nn.Module:
+        return self.hf_model.get_output_embeddings()
+
+
+# ---------------------------------------------------------------------------------------------- configs
+def _standard(spec: ModelSpec) -> dict:
+    return dict(
+        hidden_size=spec.hidden_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        intermediate_size=spec.intermediate_size,
+        vocab_size=spec.vocab_size,
+        tie_word_embeddings=spec.tie_embeddings,
+    )
+
+
+def _llama(spec):
+    return _standard(spec) | dict(attention_bias=spec.qkv_bias or spec.o_bias, mlp_bias=spec.mlp_bias)
+
+
+def _no_head_dim(spec):
+    cfg = _standard(spec)
+    if spec.head_dim * spec.num_heads != spec.hidden_size:
+        raise MemfitError(f"{spec.id}: transformers derives head_dim = hidden/heads for this family, "
+                          f"but the catalog says {spec.head_dim}")
+    del cfg["head_dim"]
+    return cfg
+
+
+def _mixtral(spec):
+    return _standard(spec) | dict(intermediate_size=spec.moe_intermediate_size or spec.intermediate_size,
+                                  num_local_experts=spec.num_experts, num_experts_per_tok=spec.experts_per_token)
+
+
+def _qwen2_moe(spec):
+    return _no_head_dim(spec) | dict(num_experts=spec.num_experts, num_experts_per_tok=spec.experts_per_token,
+                                     moe_intermediate_size=spec.moe_intermediate_size,
+                                     shared_expert_intermediate_size=spec.shared_expert_intermediate_size,
+                                     decoder_sparse_step=1, mlp_only_layers=[], qkv_bias=spec.qkv_bias)
+
+
+def _gemma(spec):
+    return _standard(spec) | dict(attention_bias=spec.qkv_bias, query_pre_attn_scalar=spec.head_dim)
+
+
+def _with_bias(spec):
+    return _standard(spec) | dict(attention_bias=spec.qkv_bias)
+
+
+def _falcon(spec):
+    new_arch = spec.norms_per_layer == 2
+    return dict(hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+                num_kv_heads=spec.num_kv_heads, new_decoder_architecture=new_arch,
+                multi_query=(spec.num_kv_heads == 1 and not new_arch), parallel_attn=True, bias=spec.qkv_bias,
+                ffn_hidden_size=spec.intermediate_size or 4 * spec.hidden_size, vocab_size=spec.vocab_size,
+                tie_word_embeddings=spec.tie_embeddings, alibi=spec.position == "alibi")
+
+
+def _gpt_bigcode(spec):
+    return dict(n_embd=spec.hidden_size, n_layer=spec.num_layers, n_head=spec.num_heads,
+                n_inner=spec.intermediate_size or 4 * spec.hidden_size, vocab_size=spec.vocab_size,
+                n_positions=spec.max_position_embeddings or 8192, multi_query=spec.num_kv_heads == 1,
+                tie_word_embeddings=spec.tie_embeddings)
+
+
+def _starcoder2(spec):
+    return _no_head_dim(spec) | dict(use_bias=spec.qkv_bias)
+
+
+def _bloom(spec):
+    return dict(hidden_size=spec.hidden_size, n_layer=spec.num_layers, n_head=spec.num_heads,
+                vocab_size=spec.vocab_size, tie_word_embeddings=spec.tie_embeddings)
+
+
+CONFIG_BUILDERS = {
+    "llama": _llama,
+    "mistral": _standard,
+    "mixtral": _mixtral,
+    "qwen2": _no_head_dim,
+    "qwen3": _with_bias,
+    "qwen2_moe": _qwen2_moe,
+    "gemma2": _gemma,
+    "gemma3_text": _gemma,
+    "glm": _with_bias,
+    "glm4": _with_bias,
+    "phi3": _no_head_dim,
+    "falcon": _falcon,
+    "gpt_bigcode": _gpt_bigcode,
+    "starcoder2": _starcoder2,
+    "olmo": lambda s: _no_head_dim(s) | dict(attention_bias=s.qkv_bias),
+    "olmo2": lambda s: _no_head_dim(s) | dict(attention_bias=s.qkv_bias),
+    "bloom": _bloom,
+}
+
+
+def family_of(spec: ModelSpec) -> tuple[str, str | None]:
+    """(transformers model_type to build, catalog family it substitutes for or None)."""
+    arch = spec.arch
+    substitute = None
+    if arch in SUBSTITUTES:
+        arch, substitute = SUBSTITUTES[arch], arch
+    if spec.encoder_decoder:
+        raise MemfitError(f"{spec.id}: encoder-decoder models are counted but not traced")
+    types = architectures().get(arch, {}).get("hf_model_types", [arch])
+    for model_type in [arch, *types]:
+        if model_type in CONFIG_BUILDERS:
+            return model_type, substitute
+    raise MemfitError(f"trace does not support the {spec.arch!r} family yet; supported: "
+                      f"{', '.join(sorted(CONFIG_BUILDERS))}")
+
+
+def hf_config(spec: ModelSpec, attn_implementation: str = "sdpa"):
+    """The transformers config of `spec`, with the catalog's numbers and no cache (training)."""
+    from transformers import AutoConfig
+
+    model_type, _ = family_of(spec)
+    kwargs = CONFIG_BUILDERS[model_type](spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = AutoConfig.for_model(model_type, **kwargs)
+    config.use_cache = False
+    config._attn_implementation = attn_implementation
+    # pad/bos/eos ids of the default config may lie outside a small test vocabulary
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        if getattr(config, name, None) is not None:
+            setattr(config, name, None)
+    return config
+
+
+# ---------------------------------------------------------------------------------------------- dtypes
+def compute_dtype(scenario: Scenario) -> torch.dtype:
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[scenario.precision[:4].rstrip("-")]
+
+
+def uses_autocast(scenario: Scenario) -> bool:
+    """Mixed precision on plain torch (single GPU, DDP) = fp32 trainable params + autocast region.
+
+    DeepSpeed bf16/fp16 casts the module to 16 bit and keeps fp32 masters inside its optimizer
+    (knobs.md A.1); FSDP MixedPrecision runs the module in the compute dtype: no autocast for either.
+    """
+    return scenario.precision.endswith("-mixed") and scenario.engine in ("single", "ddp")
+
+
+def dtypes_for(scenario: Scenario) -> tuple[torch.dtype, torch.dtype, torch.dtype]:
+    """(frozen params, trainable params, LoRA adapters) dtypes."""
+    compute = compute_dtype(scenario)
+    trainable = torch.float32 if uses_autocast(scenario) else compute
+    adapters = torch.float32 if scenario.precision == "fp32" else DTYPES[scenario.adapter_dtype]
+    return compute, trainable, adapters
+
+
+# ---------------------------------------------------------------------------------------------- LoRA
+def lora_target_modules(spec: ModelSpec, built_family: str, targets: tuple[str, ...]) -> list[str] | str:
+    """PEFT `target_modules` for the scenario's targets (module names, roles, or "all-linear")."""
+    if "all-linear" in targets:
+        return "all-linear"
+    built_names = architectures().get(built_family, {}).get("linear_names") or spec.linear_names
+    own_names = spec.linear_names or built_names
+    roles: set[str] = set()
+    names: list[str] = []
+    for target in targets:
+        if target in own_names:  # a module name of the catalog family: translate via its roles
+            roles.update(own_names[target])
+        elif target in built_names or target == "lm_head":
+            names.append(target)
+        else:
+            roles.add(target)
+    names += [name for name, name_roles in built_names.items() if roles & set(name_roles)]
+    if not names:
+        raise MemfitError(f"LoRA targets {list(targets)} match no linear layer of {spec.id} "
+                          f"(modules: {', '.join(built_names)}; roles: q k v o gate up down fc proj)")
+    return sorted(set(names))
+
+
+def apply_lora(model, scenario: Scenario, family: str):
+    from peft import LoraConfig, get_peft_model
+
+    lora = scenario.lora
+    config = LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha if lora.alpha is not None else 2 * lora.rank,
+        lora_dropout=lora.dropout,
+        target_modules=lora_target_modules(scenario.model, family, lora.targets),
+        use_dora=lora.dora,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def _decoder_layers(hf_model) -> torch.nn.ModuleList:
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in hf_model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not layers:
+        raise MemfitError(f"cannot find the decoder layers of {type(hf_model).__name__}")
+    return layers
+
+
+def set_trainable(model, hf_model, scenario: Scenario) -> None:
+    if scenario.tuning == "full":
+        for p in model.parameters():
+            p.requires_grad_(True)
+    elif scenario.tuning == "freeze":
+        for p in model.parameters():
+            p.requires_grad_(False)
+        layers = _decoder_layers(hf_model)
+        n = scenario.freeze_trainable_layers  # LLaMA-Factory: > 0 = last n layers, < 0 = first |n|
+        chosen = layers[-n:] if n > 0 else layers[:-n]
+        for layer in chosen:
+            for p in layer.parameters():
+                p.requires_grad_(True)
+
+
+def set_dtypes(model, scenario: Scenario) -> None:
+    frozen, trainable, adapters = dtypes_for(scenario)
+    for name, p in model.named_parameters():
+        if "lora_" in name:
+            dtype = adapters
+        else:
+            dtype = trainable if p.requires_grad else frozen
+        if p.dtype != dtype and p.is_floating_point():
+            p.data = p.data.to(dtype)
+    for name, b in model.named_buffers():
+        if b.is_floating_point() and b.dtype not in (torch.float32, frozen) and "inv_freq" not in name:
+            b.data = b.data.to(frozen)
+
+
+# ---------------------------------------------------------------------------------------------- checkpointing
+def enable_checkpointing(hf_model, scenario: Scenario, host_hooks=None) -> None:
+    """HF activation checkpointing as the frameworks switch it on (knobs.md C.2).
+
+    `host_hooks` (offload / unsloth): a factory of saved-tensor hooks that keep tensors on the host;
+    the tracer passes one that labels them as host memory.
+    """
+    mode = scenario.checkpointing
+    if mode == "off":
+        return
+    kwargs = {"use_reentrant": scenario.reentrant}
+    every = scenario.checkpoint_every_n if mode == "every_n" else 1
+    hf_model.activation_checkpointing_enable(kwargs, every_n_layers=every)
+    if mode in ("offload", "unsloth"):
+        from memfit.trace.offload import checkpoint_function
+
+        func = checkpoint_function(mode, scenario.reentrant, host_hooks)
+        for module in hf_model.modules():
+            if hasattr(module, "_gradient_checkpointing_func"):
+                module._gradient_checkpointing_func = func
+
+
+# ---------------------------------------------------------------------------------------------- fake tensors
+def tie_weights_again(hf_model) -> None:
+    """`to_empty` gives tied modules separate tensors; make the output embedding share the input's again."""
+    if getattr(hf_model.config, "tie_word_embeddings", False):
+        out, inp = hf_model.get_output_embeddings(), hf_model.get_input_embeddings()
+        if out is not None and inp is not None:
+            target = out.base_layer if hasattr(out, "base_layer") else out
+            target.weight = inp.weight
+
+
+def attn_implementation(scenario: Scenario) -> str:
+    if scenario.attention == "flash":
+        from memfit.trace.cuda import register_flash
+
+        return register_flash()
+    return scenario.attention
+
+
+def build_model(scenario: Scenario, device: str | torch.device = "meta", fake_mode=None) -> BuiltModel:
+    """The scenario's model ready to train.
+
+    device "meta" + `fake_mode`: built on meta, materialized as fake tensors on the CPU (the trace).
+    Any other device: built and initialized there for real (small models; `measure`).
+    """
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    spec = scenario.model
+    family, substitute = family_of(spec)
+    attn = attn_implementation(scenario)
+    config = hf_config(spec, attn)
+    frozen, _, _ = dtypes_for(scenario)
+    notes = []
+    if substitute:
+        notes.append(f"{substitute} (hub remote code) built as transformers '{family}': same tensor shapes")
+    real_device = torch.device(device)
+    build_on = torch.device("meta") if fake_mode is not None else real_device
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with build_on, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            hf_model = AutoModelForCausalLM.from_config(config, dtype=frozen, attn_implementation=attn)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    hf_model.train()
+    model = hf_model
+    if scenario.tuning in ("lora", "qlora"):
+        with build_on:
+            model = apply_lora(hf_model, scenario, family)
+        model.train()
+    else:
+        set_trainable(model, hf_model, scenario)
+    set_dtypes(model, scenario)
+    if scenario.tuning == "qlora":
+        from memfit.trace.quant import quantize_linears
+
+        notes.append(quantize_linears(model, frozen))
+    if fake_mode is not None:
+        with fake_mode:
+            model.to_empty(device="cpu")
+        tie_weights_again(hf_model)
+    elif real_device.type != "meta":
+        tie_weights_again(hf_model)
+    autocast = compute_dtype(scenario) if uses_autocast(scenario) else None
+    return BuiltModel(model, hf_model, compute_dtype(scenario), autocast, family, attn, notes)
+
+
+def materialize_context(fake_mode):
+    return fake_mode if fake_mode is not None else nullcontext()
