@@ -50,8 +50,9 @@ def print_estimate(e) -> None:
     con = _console()
     s = e.scenario
     hw = s.hardware
-    con.print(f"[bold]{s.model.id}[/] on {hw.nodes} x {hw.gpus_per_node} x {hw.gpu.name} "
-              f"({gib(hw.gpu.memory_bytes)} GiB usable)  [dim]profile {s.profile}[/]")
+    nodes = f" per node, {hw.nodes} nodes" if hw.nodes > 1 else ""
+    con.print(f"[bold]{s.model.id}[/] on {hw.gpus_per_node} x {hw.gpu.name} ({gib(hw.gpu.memory_bytes)} GiB usable)"
+              f"{nodes}  [dim]profile {s.profile}[/]")
     con.print(f"params {e.total_params / 1e9:.2f}B, trainable {e.trainable_params / 1e9:.3f}B; {_setup_line(s)}")
     peak = e.device_total.peak_phase
     table = Table(title=f"per-GPU memory at the peak ({peak}), GiB")

@@ -222,6 +222,12 @@ def _read_config(path: Path) -> dict:
     return data
 
 
+def _dotted(data: dict, key: str):
+    for part in key.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
 def model_from_config_file(path: Path) -> ModelSpec:
     data = _read_config(path)
     model_type = data.get("model_type")
@@ -231,9 +237,12 @@ def model_from_config_file(path: Path) -> ModelSpec:
         raise MemfitError(f"unsupported architecture model_type={model_type!r} in {path}; supported: {', '.join(known)}")
     entry: dict = {"id": str(path), "arch": family, "config_source": f"local {path}"}
     for ours, keys in architectures()[family].get("config_keys", {}).items():
-        value = next((data[k] for k in keys if data.get(k) is not None), None)
+        value = next((v for v in (_dotted(data, k) for k in keys) if v is not None), None)
         if value is not None:
             entry[ours] = value
+    divisor = architectures()[family].get("config_intermediate_divisor")
+    if divisor and isinstance(entry.get("intermediate_size"), int):
+        entry["intermediate_size"] //= divisor
     missing = [k for k in ("hidden_size", "num_layers", "num_heads", "vocab_size") if k not in entry]
     if missing:
         raise MemfitError(f"config {path} lacks {', '.join(missing)} for a {family} model")

@@ -14,6 +14,7 @@ import pickle
 import shutil
 import sys
 import time
+from datetime import timedelta
 import traceback
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import torch.distributed as dist
 
 from memfit.breakdown import PHASES, Breakdown, PhaseProfile
 from memfit.measure.engines import install_patches, runner_for
+from memfit.measure.model import count_params
 from memfit.measure.result import RankMeasurement
 from memfit.measure.tracker import MemoryTracker
 
@@ -114,7 +116,7 @@ def _step_peaks(tk: MemoryTracker) -> list[dict]:
     return [rows[k] for k in sorted(rows)]
 
 
-def run_job(job: dict, rank: int) -> RankMeasurement:
+def run_job(job: dict, rank: int) -> tuple[RankMeasurement, tuple[int, int]]:
     scenario, steps, attention = job["scenario"], job["steps"], job["attention"]
     ckpt_dir = Path(job["checkpoint_dir"])
     generator = torch.Generator().manual_seed(1234 + rank)
@@ -129,6 +131,7 @@ def run_job(job: dict, rank: int) -> RankMeasurement:
         runner = runner_for(scenario, tk, attention)
         runner.build()
         runner.walk()
+        params = count_params(runner.model)
         rss.end()
         rss.point("load")
         for step in range(1, steps + 1):
@@ -190,11 +193,7 @@ def run_job(job: dict, rank: int) -> RankMeasurement:
     from memfit.measure.result import NamedBuffer
 
     measurement.buffers = [NamedBuffer(**b) for b in buffers]
-    return measurement
-
-
-def _params(job) -> tuple[int, int]:
-    return job.get("params", (0, 0))
+    return measurement, params
 
 
 def main(argv: list[str]) -> int:
@@ -207,14 +206,14 @@ def main(argv: list[str]) -> int:
         import deepspeed
 
         deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl",
-                                   verbose=False)
+                                   verbose=False, timeout=timedelta(seconds=int(os.environ.get("MEMFIT_TIMEOUT", "600"))))
     install_patches(lambda: _CURRENT["tracker"])
     for i, job in enumerate(jobs):
         started = time.time()
         name = f"job{i}.rank{rank}"
         try:
-            measurement = run_job(job, rank)
-            data = measurement.to_json() | {"wall_seconds": time.time() - started}
+            measurement, params = run_job(job, rank)
+            data = measurement.to_json() | {"wall_seconds": time.time() - started, "params": params}
             (outdir / f"{name}.json").write_text(json.dumps(data))
         except Exception as e:  # one failing job must not take the rest of the batch down
             (outdir / f"{name}.error.json").write_text(json.dumps({
