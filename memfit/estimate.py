@@ -94,7 +94,7 @@ def _backward(ms: ModelStates, act: Activations, runtime: int, head_grads: int) 
                activations=last_layer_alive + act.recompute + act.layer_backward_transient + act.shared_masks)
     first_layer = dict(base, gradients=max(ms.grads_between_steps, head_grads),
                        activations=act.saved_total - act.outside_layers + act.recompute
-                       + act.layer_backward_transient, logits_loss=act.logits_saved)
+                       + act.layer_backward_transient)
     return max((Breakdown(p) for p in (start, end, first_layer)), key=lambda b: b.total)
 
 

@@ -1,0 +1,122 @@
+"""QLoRA without bitsandbytes: 4-bit Linear stand-ins with bitsandbytes' storage and transients.
+
+bitsandbytes kernels do not run on fake CPU tensors, so each base Linear (all but the output
+embedding, like transformers' `get_keys_to_not_convert`) becomes a module holding what
+`bnb.nn.Linear4bit` holds on the GPU for NF4 with double quantization (LLaMA-Factory / OpenRLHF
+default; knobs.md D): the packed weight (uint8, 2 values per byte, `Params4bit` shape (n/2, 1)),
+uint8 absmax per 64-value block, fp32 absmax-of-absmax per 256 blocks and an fp32 offset. Its
+forward is bitsandbytes' `MatMul4Bit` as memory sees it: dequantize the whole weight to the compute
+dtype (a per-layer transient, plus the fp32 absmax it dequantizes first), matmul, save nothing but
+the packed weight for backward, dequantize again in backward. LoRA layers on top get PEFT's
+`lora.bnb.Linear4bit.forward` (the defensive `result.clone()` and the dtype conversions).
+"""
+from __future__ import annotations
+
+import types
+
+import torch
+from torch import nn
+
+BLOCKSIZE = 64  # bitsandbytes quantize_4bit default
+DQ_BLOCKSIZE = 256  # double quantization of absmax (compress_statistics)
+
+
+class _MatMul4Bit(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, packed, absmax, absmax2, offset, bias, shape):
+        weight = _dequantize(packed, absmax, absmax2, offset, shape, x.dtype)
+        out = torch.nn.functional.linear(x, weight, bias)
+        del weight
+        ctx.save_for_backward(packed, absmax, absmax2, offset)
+        ctx.shape, ctx.has_bias, ctx.bias_dtype = shape, bias is not None, None if bias is None else bias.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        packed, absmax, absmax2, offset = ctx.saved_tensors
+        grad_x = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            weight = _dequantize(packed, absmax, absmax2, offset, ctx.shape, grad_out.dtype)
+            grad_x = torch.matmul(grad_out, weight)
+            del weight
+        if ctx.has_bias and ctx.needs_input_grad[5]:
+            grad_bias = grad_out.sum(0, dtype=ctx.bias_dtype)
+        return grad_x, None, None, None, None, grad_bias, None
+
+
+def _dequantize(packed, absmax, absmax2, offset, shape, dtype):
+    """bitsandbytes functional.dequantize_4bit: fp32 absmax from the double-quantized one, then the weight."""
+    scales = torch.empty(absmax.shape, dtype=torch.float32, device=absmax.device)  # dequantize_blockwise(absmax)
+    scales += offset
+    weight = torch.empty(shape, dtype=dtype, device=packed.device)
+    weight.zero_()  # values do not matter for memory; zeros keep real runs finite
+    del scales
+    return weight
+
+
+class Linear4bit(nn.Module):
+    """Memory stand-in for `bnb.nn.Linear4bit` (NF4, double quantization, uint8 storage)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        out_features, in_features = linear.weight.shape
+        n = out_features * in_features
+        device = linear.weight.device
+        blocks = -(-n // BLOCKSIZE)
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(((n + 1) // 2, 1), dtype=torch.uint8, device=device),
+                                   requires_grad=False)
+        self.register_buffer("absmax", torch.empty((blocks,), dtype=torch.uint8, device=device))
+        self.register_buffer("absmax2", torch.empty((-(-blocks // DQ_BLOCKSIZE),), dtype=torch.float32, device=device))
+        self.register_buffer("offset", torch.empty((), dtype=torch.float32, device=device))
+        self.bias = linear.bias
+        if self.bias is not None:
+            self.bias.requires_grad_(False)
+
+    def forward(self, x):
+        return _MatMul4Bit.apply(x, self.weight, self.absmax, self.absmax2, self.offset, self.bias,
+                                 (self.out_features, self.in_features))
+
+
+def _lora_4bit_forward(self, x, *args, **kwargs):
+    """peft/tuners/lora/bnb.py `Linear4bit.forward` (peft 0.21), vanilla LoRA / DoRA variants."""
+    result = self.base_layer(x, *args, **kwargs)
+    result = result.clone()  # "As per Tim Dettmers, for 4bit, we need to defensively clone here."
+    for active_adapter in self.active_adapters:
+        if active_adapter not in self.lora_A.keys():
+            continue
+        lora_A, lora_B = self.lora_A[active_adapter], self.lora_B[active_adapter]
+        dropout, scaling = self.lora_dropout[active_adapter], self.scaling[active_adapter]
+        requires_conversion = not torch.is_autocast_enabled()
+        if requires_conversion:
+            expected_dtype = result.dtype
+            x = self._cast_input_dtype(x, lora_A.weight.dtype)
+        output = lora_B(lora_A(dropout(x))) * scaling
+        if requires_conversion:
+            output = output.to(expected_dtype)
+        result = result + output
+    return result
+
+
+def quantize_linears(model: nn.Module, compute_dtype: torch.dtype) -> str:
+    """Replace every base Linear except the output embedding by a 4-bit stand-in; returns a note."""
+    from peft.tuners.lora import LoraLayer
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head = getattr(head, "base_layer", head)
+    if any(getattr(layer, "use_dora", {}).get(name) for layer in model.modules() if isinstance(layer, LoraLayer)
+           for name in layer.active_adapters):
+        from memfit.errors import MemfitError
+
+        raise MemfitError("trace does not model QLoRA + DoRA (PEFT dequantizes the 4-bit weight for the norm)")
+    count = 0
+    for parent_name, parent in list(model.named_modules()):
+        for child_name, child in list(parent.named_children()):
+            if not isinstance(child, nn.Linear) or child is head or "lora_" in f"{parent_name}.{child_name}":
+                continue
+            setattr(parent, child_name, Linear4bit(child))
+            count += 1
+        if isinstance(parent, LoraLayer):
+            parent.forward = types.MethodType(_lora_4bit_forward, parent)
+    return (f"QLoRA: {count} Linear layers as NF4 + double-quant stand-ins (bitsandbytes storage sizes, "
+            f"per-layer dequantized {str(compute_dtype).removeprefix('torch.')} transient)")
