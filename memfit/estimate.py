@@ -104,7 +104,7 @@ def _optimizer_step(ms: ModelStates, runtime: int) -> Breakdown:
     return Breakdown(parts)
 
 
-def _head_grads(s: Scenario, tensors: list[ParamTensor], ms: ModelStates) -> int:
+def _head_grads(s: Scenario, tensors: list[ParamTensor]) -> int:
     """Gradient bytes that exist as soon as backward starts: the lm_head's (when it trains)."""
     if s.engine == "deepspeed" and s.deepspeed.stage >= 2:
         return 0
@@ -119,7 +119,7 @@ def allocated_profile(s: Scenario, tensors: list[ParamTensor], ms: ModelStates, 
     return PhaseProfile({
         "load": load,
         "forward": _forward(ms, act, runtime),
-        "backward": _backward(ms, act, runtime, _head_grads(s, tensors, ms)),
+        "backward": _backward(ms, act, runtime, _head_grads(s, tensors)),
         "optimizer_step": _optimizer_step(ms, runtime),
         "checkpoint_save": steady,
         "resume": steady,
