@@ -113,9 +113,9 @@ class Runner:
         for name, p in module.named_parameters():
             if id(p) in skip:
                 continue
-            self.tk.claim(p.data if not hasattr(p, "_local_tensor") else p, "weights", side, "module.params")
+            self.tk.claim(p.data if not hasattr(p, "_local_tensor") else p, "weights", side, "module.params", learn=False)
         for name, b in module.named_buffers():
-            self.tk.claim(b, "weights", side, "module.buffers")
+            self.tk.claim(b, "weights", side, "module.buffers", learn=False)
 
     def claim_grads(self, module, side="device", name="param.grad"):
         for p in module.parameters():
@@ -170,8 +170,16 @@ class DeepSpeedRunner(Runner):
         self.engine.load_checkpoint(str(path), tag="memfit")
 
     def close(self):
-        if getattr(self, "engine", None) is not None:
-            self.engine.destroy()
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.destroy()
+            # ZeRO-3 pushes the top module on parameter_offload.FWD_MODULE_STACK at setup and destroy()
+            # never pops it: without this, every engine built in a process stays alive (DeepSpeed 0.19.8).
+            from deepspeed.runtime.zero import parameter_offload
+
+            parameter_offload.FWD_MODULE_STACK[:] = [m for m in parameter_offload.FWD_MODULE_STACK
+                                                     if m is not engine.module]
+            _clear_zero3_release_cache()
         self.engine = None
         super().close()
 
@@ -276,6 +284,21 @@ class DeepSpeedRunner(Runner):
         self.claim_state(opt.optimizer, name=f"{type(opt).__name__}.optimizer.state")
 
 
+def _clear_zero3_release_cache() -> None:
+    """PartitionedParameterCoordinator.__params_to_release is a class-level functools.lru_cache keyed by
+    (coordinator, module, step): it keeps every ZeRO-3 coordinator, and through it the model and its
+    partitions, alive after engine.destroy() (DeepSpeed 0.19.8)."""
+    from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
+
+    fn = PartitionedParameterCoordinator.__dict__.get("_PartitionedParameterCoordinator__params_to_release")
+    while fn is not None:
+        if hasattr(fn, "cache_clear"):
+            fn.cache_clear()
+            return
+        inner = [c.cell_contents for c in (getattr(fn, "__closure__", None) or ()) if callable(c.cell_contents)]
+        fn = getattr(fn, "__wrapped__", None) or (inner[0] if inner else None)
+
+
 def _tensors(obj):
     if isinstance(obj, torch.Tensor):
         yield obj
@@ -344,7 +367,11 @@ class TorchRunner(Runner):
 
     def load(self, path: Path):
         file = self._ckpt_file(path) if self.s.engine == "fsdp" else path / "rank0.pt"
-        state = torch.load(file, map_location="cpu", weights_only=False)
+        self.tk.context = "checkpoint_load"
+        try:
+            state = torch.load(file, map_location="cpu", weights_only=False)
+        finally:
+            self.tk.context = None
         claim_loaded(self.tk, state)
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -384,7 +411,11 @@ class FsdpRunner(TorchRunner):
     def load(self, path: Path):
         from torch.distributed.tensor import DTensor
 
-        state = torch.load(self._ckpt_file(path), map_location="cpu", weights_only=False)
+        self.tk.context = "checkpoint_load"
+        try:
+            state = torch.load(self._ckpt_file(path), map_location="cpu", weights_only=False)
+        finally:
+            self.tk.context = None
         claim_loaded(self.tk, state)
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -440,13 +471,36 @@ def install_patches(get_tracker) -> None:
     original_load = TorchCheckpointEngine.load
 
     def load(self, path, map_location=None):
-        out = original_load(self, path, map_location=map_location)
         tracker = get_tracker()
-        if tracker is not None:
-            claim_loaded(tracker, out, os.path.basename(str(path)))
+        if tracker is None:
+            return original_load(self, path, map_location=map_location)
+        previous, tracker.context = tracker.context, "checkpoint_load"
+        try:
+            out = original_load(self, path, map_location=map_location)
+        finally:
+            tracker.context = previous
+        claim_loaded(tracker, out, os.path.basename(str(path)))
         return out
 
     TorchCheckpointEngine.load = load
+
+    # DeepSpeed moves the client module to the accelerator in _configure_distributed_model
+    # (`self.module.to(self.device)`): from then on the module's params are device memory. On a CPU run
+    # that move is a no-op, so the tracker relabels them here.
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    original_configure = DeepSpeedEngine._configure_distributed_model
+
+    def configure(engine, model):
+        original_configure(engine, model)
+        tracker = get_tracker()
+        if tracker is not None:
+            for p in engine.module.parameters():
+                tracker.claim(p.data, "weights", "device", "module.params", learn=False)
+            for b in engine.module.buffers():
+                tracker.claim(b, "weights", "device", "module.buffers", learn=False)
+
+    DeepSpeedEngine._configure_distributed_model = configure
 
 
 def runner_for(scenario: Scenario, tracker: MemoryTracker, attention: str) -> Runner:

@@ -30,6 +30,8 @@ from memfit.breakdown import CATEGORIES
 SIDES = ("device", "host")
 BIG = 64 * 1024  # allocations at least this large get their own site in peak reports
 _SKIP_FUNCS = {"wrapped_fn", "decorate_context", "_call_impl", "_wrapped_call_impl", "wrapper", "inner", "_fn"}
+# only engine-made storages teach their site (model construction sites must stay "host while building")
+LEARNABLE = ("deepspeed/", "optim/", "distributed/", "parallel/")
 _CAST_OPS = {"aten._to_copy.default", "aten.to.dtype", "aten.to.dtype_layout", "aten._to_copy"}
 
 
@@ -70,8 +72,10 @@ SITE_RULES: list[tuple[str, str, str]] = [
     ("engine.py:allreduce", "engine_buffers", "device"),
     ("engine.py:buffered_allreduce", "engine_buffers", "device"),
     ("comm/", "engine_buffers", "device"),
-    ("torch/optim/", "optimizer_states", "device"),  # torch optimizers' lazily created state
-    ("nn/parallel/distributed.py", "engine_buffers", "device"),  # DDP reducer buckets
+    ("ops/adam/cpu_adam.py", "optimizer_states", "host"),  # DeepSpeedCPUAdam state (lazy, unpinned)
+    ("ops/adam/fused_adam.py", "optimizer_states", "device"),
+    ("optim/", "optimizer_states", "device"),  # torch optimizers' lazily created state
+    ("parallel/distributed.py", "engine_buffers", "device"),  # DDP reducer buckets
 ]
 
 
@@ -131,9 +135,9 @@ class MemoryTracker(TorchDispatchMode):
 
     # ---------------------------------------------------------------- labelling
     def _site(self) -> str:
+        """Innermost frame in engine/model code plus its nearest such caller: "file:function:line < ..."."""
         frame = sys._getframe(3)
         found: list[str] = []
-        fallback = None
         while frame is not None and len(found) < 2:
             code = frame.f_code
             filename = code.co_filename
@@ -141,27 +145,23 @@ class MemoryTracker(TorchDispatchMode):
                 root = next((r for r in self.roots if r in filename), None)
                 if root is not None:
                     short = filename.split(root, 1)[1]
-                    label = f"{root.strip('/').split('/')[-1]}/{short}:{code.co_name}:{frame.f_lineno}"
-                    if root == "/deepspeed/" or found:
-                        found.append(label)
-                    elif fallback is None:
-                        fallback = label
+                    found.append(f"{root.strip('/').split('/')[-1]}/{short}:{code.co_name}:{frame.f_lineno}")
             frame = frame.f_back
-        if found:
-            return " < ".join(found)
-        return fallback or "<user>"
+        return " < ".join(found) if found else "<user>"
 
     def _initial_label(self, site: str, func=None, args=()) -> tuple[str, str]:
-        if site in self.learned:
-            return self.learned[site]
         if self.context == "build":
             return "weights", "host"
-        if self.context == "logits":
-            return "logits_loss", "device"
+        if self.context == "checkpoint_load":  # torch.load(map_location=cpu): host RAM, refined by claim_loaded
+            return "engine_buffers", "host"
+        if site in self.learned:
+            return self.learned[site]
         head = site.split(" < ", 1)[0]
         for pattern, category, side in SITE_RULES:
             if pattern in head:
                 return category, side
+        if self.context == "logits":
+            return "logits_loss", "device"
         if self.phase == "forward" and func is not None and str(func) in _CAST_OPS and args:
             source = args[0]
             if isinstance(source, torch.Tensor):  # autocast's low-precision copy of a weight
@@ -197,7 +197,7 @@ class MemoryTracker(TorchDispatchMode):
         self._count(entry, +1)
         self._check_peak()
 
-    def _check_peak(self) -> None:
+    def _check_peak(self, relabel: bool = False) -> None:
         if self.pinned_live > self.pinned_peak:
             self.pinned_peak = self.pinned_live
         if not self.record:
@@ -206,7 +206,8 @@ class MemoryTracker(TorchDispatchMode):
             total = self.side_total[side]
             key = (self.step, self.phase, side)
             best = self.peaks.get(key)
-            if best is None or total > best.total:
+            # after a relabel at the peak moment, the same total gets the corrected categories
+            if best is None or total > best.total or (relabel and total == best.total):
                 self.peaks[key] = Snapshot(
                     total,
                     {c: self.live[(side, c)] for c in CATEGORIES if self.live.get((side, c))},
@@ -219,11 +220,6 @@ class MemoryTracker(TorchDispatchMode):
         if step is not None:
             self.step = step
         self._check_peak()  # a phase starts at the level the previous one left
-
-    def refresh(self) -> None:
-        """Re-read sizes of storages that may have been resized outside the dispatcher (FSDP2)."""
-        for key, entry in list(self.entries.items()):
-            pass  # sizes of resizable storages are refreshed by `watch_storage`
 
     def claim(self, tensor, category: str, side: str, name: str, learn: bool = True) -> None:
         """Label the storage behind `tensor` as engine object `name`; sticky against later guesses."""
@@ -252,9 +248,9 @@ class MemoryTracker(TorchDispatchMode):
             entry.category, entry.side = category, side
             self._count(entry, +1)
         entry.sticky, entry.name = True, name
-        if learn and entry.site not in ("<small>", "<user>", "<claimed>"):
+        if learn and entry.site.startswith(LEARNABLE):
             self.learned[entry.site] = (category, side)
-        self._check_peak()
+        self._check_peak(relabel=True)
 
     def soft_claim(self, tensor, category: str, side: str) -> None:
         """Label unless an engine object already claimed the storage (used by grad hooks)."""
@@ -268,6 +264,7 @@ class MemoryTracker(TorchDispatchMode):
         self._count(entry, -1)
         entry.category, entry.side = category, side
         self._count(entry, +1)
+        self._check_peak(relabel=True)
 
     def mark_pinned(self, tensor) -> None:
         if not isinstance(tensor, torch.Tensor):
@@ -277,11 +274,6 @@ class MemoryTracker(TorchDispatchMode):
             entry.pinned = True
             self.pinned_live += entry.nbytes
             self._check_peak()
-
-    def watch_resizes(self) -> None:
-        """Re-read every registered storage's size (FSDP2 frees/allocates by `storage.resize_`)."""
-        for key, entry in list(self.entries.items()):
-            pass
 
     def reset_claims(self) -> None:
         self.claimed = {}
@@ -293,8 +285,6 @@ class MemoryTracker(TorchDispatchMode):
             keys, view_bytes, dtypes, pinned = set(), 0, set(), False
             for key, vb, dtype in record["tensors"].values():
                 entry = self.entries.get(key)
-                if entry is None or entry.name != name and entry.sticky and entry.name and False:
-                    continue
                 if entry is None:
                     continue
                 keys.add(key)

@@ -23,6 +23,7 @@ from memfit.breakdown import CATEGORIES, Breakdown, PhaseProfile
 BLOCK_BYTES = 512  # c10/cuda/CUDACachingAllocator.cpp kMinBlockSize: every block is a multiple of 512 B
 RECENT = 16  # allocations remembered at a peak, to re-label gradients that were still "in flight"
 TRAINING_PHASES = ("forward", "backward", "optimizer_step")
+_TO_COPY = torch.ops.aten._to_copy.default
 
 
 def block_bytes(nbytes: int) -> int:
@@ -37,6 +38,7 @@ class _Storage:
     category: str
     phase: str
     alive: bool = True
+    origin: str = ""  # op, shape and dtype of the tensor that created it (debug mode only)
 
 
 @dataclass
@@ -67,8 +69,10 @@ class Accountant(TorchDispatchMode):
     `exclude()` drops storages that would live on the host in a CUDA run.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, debug: bool = False) -> None:
         super().__init__()
+        self.debug = debug
+        self._op = ""
         self._live: dict[int, _Storage] = {}  # id(storage object) -> record
         self._refs: dict[int, weakref.ref] = {}
         self._by_cat = dict.fromkeys(CATEGORIES, 0)
@@ -83,15 +87,23 @@ class Accountant(TorchDispatchMode):
         self.peaks: dict[str, _Peak] = {}
         self.marks: dict[str, Breakdown] = {}
         self.timeline: list[TimelinePoint] = []
+        self.inspect = None  # optional callback(mark, accountant) the runner calls at marks
 
     # ---------------------------------------------------------------- dispatch
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if self.debug:
+            self._op = str(func)
         if not self._paused:
+            category = self._default_category()
+            if func is _TO_COPY and isinstance(args[0], torch.Tensor):
+                source = self._record(args[0])
+                if source is not None and source.category == "weights":
+                    category = "weights"  # a cast copy of a parameter (autocast weight cache, ...)
             grew = False
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
-                    grew |= self._track(t, self._default_category())
+                    grew |= self._track(t, category)
             if grew:
                 self._after_allocation()
         return out
@@ -115,6 +127,8 @@ class Accountant(TorchDispatchMode):
             return grew
         self._serial += 1
         rec = _Storage(self._serial, nbytes, category, self.phase)
+        if self.debug:
+            rec.origin = f"{self._op} {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
         self._live[key] = rec
         self._refs[key] = weakref.ref(st, self._make_free(key, rec))
         self._by_cat[category] += nbytes
@@ -214,6 +228,11 @@ class Accountant(TorchDispatchMode):
     def mark(self, name: str) -> None:
         """Remember the breakdown at a named moment (end of forward, end of backward, ...)."""
         self.marks[name] = self.snapshot()
+
+    def live(self, category: str | None = None) -> list[tuple[int, str, str]]:
+        """(bytes, category, origin) of every live storage, largest first (origins need debug=True)."""
+        recs = [r for r in self._live.values() if r.nbytes and (category is None or r.category == category)]
+        return sorted(((r.nbytes, r.category, r.origin) for r in recs), reverse=True)
 
     def profile(self, step: int) -> PhaseProfile:
         """Per-phase peak breakdowns of one step, with in-flight gradients labelled as gradients."""

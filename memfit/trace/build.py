@@ -20,7 +20,6 @@
 from __future__ import annotations
 
 import warnings
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -285,11 +284,11 @@ def set_dtypes(model, scenario: Scenario) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- checkpointing
-def enable_checkpointing(hf_model, scenario: Scenario, host_hooks=None) -> None:
+def enable_checkpointing(hf_model, scenario: Scenario, host_transfer=None) -> None:
     """HF activation checkpointing as the frameworks switch it on (knobs.md C.2).
 
-    `host_hooks` (offload / unsloth): a factory of saved-tensor hooks that keep tensors on the host;
-    the tracer passes one that labels them as host memory.
+    `host_transfer` (offload / unsloth): how tensors go to the host and back (`offload.HostTransfer`);
+    the tracer passes one that labels the host copies so they are not counted as device memory.
     """
     mode = scenario.checkpointing
     if mode == "off":
@@ -300,7 +299,7 @@ def enable_checkpointing(hf_model, scenario: Scenario, host_hooks=None) -> None:
     if mode in ("offload", "unsloth"):
         from memfit.trace.offload import checkpoint_function
 
-        func = checkpoint_function(mode, scenario.reentrant, host_hooks)
+        func = checkpoint_function(mode, scenario.reentrant, host_transfer)
         for module in hf_model.modules():
             if hasattr(module, "_gradient_checkpointing_func"):
                 module._gradient_checkpointing_func = func
@@ -324,7 +323,8 @@ def attn_implementation(scenario: Scenario) -> str:
     return scenario.attention
 
 
-def build_model(scenario: Scenario, device: str | torch.device = "meta", fake_mode=None) -> BuiltModel:
+def build_model(scenario: Scenario, device: str | torch.device = "meta", fake_mode=None,
+                host_transfer=None) -> BuiltModel:
     """The scenario's model ready to train.
 
     device "meta" + `fake_mode`: built on meta, materialized as fake tensors on the CPU (the trace).
@@ -363,7 +363,8 @@ def build_model(scenario: Scenario, device: str | torch.device = "meta", fake_mo
     if scenario.tuning == "qlora":
         from memfit.trace.quant import quantize_linears
 
-        notes.append(quantize_linears(model, frozen))
+        notes.append(quantize_linears(model, hf_model, frozen))
+    enable_checkpointing(hf_model, scenario, host_transfer)
     if fake_mode is not None:
         with fake_mode:
             model.to_empty(device="cpu")
@@ -373,6 +374,3 @@ def build_model(scenario: Scenario, device: str | torch.device = "meta", fake_mo
     autocast = compute_dtype(scenario) if uses_autocast(scenario) else None
     return BuiltModel(model, hf_model, compute_dtype(scenario), autocast, family, attn, notes)
 
-
-def materialize_context(fake_mode):
-    return fake_mode if fake_mode is not None else nullcontext()

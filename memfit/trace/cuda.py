@@ -27,8 +27,9 @@ this module does about them:
 from __future__ import annotations
 
 import math
+from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +37,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 _ORIG_SDPA = F.scaled_dot_product_attention
 _ORIG_IS_AUTOCAST = torch.is_autocast_enabled
-FLASH_NAME = "memfit_flash_attention_2"
+FLASH_NAME = "memfit_fa2"  # no "flash" in the name: transformers would look for the flash_attn package
 
 
 @dataclass
@@ -59,6 +60,7 @@ class _State:
     accountant: object | None = None  # to hide reference math in real runs
     unpad_tokens: int | None = None  # flash: real tokens when the batch is padded (None = no padding)
     batch_indices: torch.Tensor | None = None  # real runs: which flattened positions are real tokens
+    kernels: Counter = field(default_factory=Counter)  # attention kernels used, for the report
 
 
 _STATE: _State | None = None
@@ -220,6 +222,7 @@ def cuda_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                           scale=scale, enable_gqa=enable_gqa)
     query, key, value, attn_mask = _autocast_inputs(query, key, value, attn_mask)
     backend = sdpa_backend(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, state.target)
+    state.kernels[f"sdpa:{backend}"] += 1
     if backend == "math":
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -320,9 +323,12 @@ def flash_attention_forward(module, query, key, value, attention_mask, dropout=0
         if not _is_fake(q):
             indices.copy_(state.batch_indices)
         q, k, v = (_index_first_axis(x, indices) for x in (q, k, v))
+        state.kernels["flash_attention_2:varlen"] += 1
         out = _FlashAttn2.apply(q, k, v, causal, scaling)
         del seqlens, cu_seqlens
         return _pad_input(out, indices, batch, seq_len), None
+    if state is not None:
+        state.kernels["flash_attention_2"] += 1
     return _FlashAttn2.apply(q, k, v, causal, scaling), None
 
 

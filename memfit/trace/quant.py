@@ -98,11 +98,11 @@ def _lora_4bit_forward(self, x, *args, **kwargs):
     return result
 
 
-def quantize_linears(model: nn.Module, compute_dtype: torch.dtype) -> str:
+def quantize_linears(model: nn.Module, hf_model: nn.Module, compute_dtype: torch.dtype) -> str:
     """Replace every base Linear except the output embedding by a 4-bit stand-in; returns a note."""
     from peft.tuners.lora import LoraLayer
 
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head = hf_model.get_output_embeddings()
     head = getattr(head, "base_layer", head)
     if any(getattr(layer, "use_dora", {}).get(name) for layer in model.modules() if isinstance(layer, LoraLayer)
            for name in layer.active_adapters):

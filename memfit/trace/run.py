@@ -1,0 +1,420 @@
+"""`memfit trace`: real training steps of the real transformers/PEFT code, on fake tensors, on the CPU.
+
+    from memfit.trace import run_trace
+    result = run_trace(scenario)          # 2 steps; result.profile is the steady-state (last) step
+
+Each step is what HF Trainer's training_step does: forward with the model's own loss (labels =
+input_ids), keep only the loss (the output with its bf16 logits is dropped before backward, as
+`compute_loss` returns the loss alone), backward, `clip_grad_norm_(1.0)`, optimizer step,
+`zero_grad(set_to_none=True)`. The `Accountant` labels every storage (weights, gradients, optimizer
+states, activations, logits/loss) and records the peak of each phase; `cuda.py` makes kernels and
+autocast behave as on a CUDA GPU. Fake tensors hold no memory, so an 8B model traces in seconds.
+"""
+from __future__ import annotations
+
+import json
+import time
+from contextlib import ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from memfit.breakdown import CATEGORIES, Breakdown, PhaseProfile
+from memfit.errors import MemfitError
+from memfit.scenario import Scenario
+from memfit.trace.accountant import TRAINING_PHASES, Accountant, TimelinePoint
+from memfit.trace.build import BuiltModel, build_model
+from memfit.trace.cuda import CudaTarget, emulate_cuda
+from memfit.trace.offload import HostTransfer
+
+MAX_GRAD_NORM = 1.0  # HF TrainingArguments.max_grad_norm default
+LR = 1e-5
+
+
+@dataclass
+class TraceResult:
+    profile: PhaseProfile  # per-phase peak breakdowns of the last (steady-state) step
+    timeline: list[TimelinePoint]  # every allocation of every step
+    seconds: float
+    steps: int
+    marks: dict[str, Breakdown] = field(default_factory=dict)  # forward_end / backward_end / step_end, last step
+    kernels: dict[str, int] = field(default_factory=dict)  # attention kernels chosen (last step)
+    notes: list[str] = field(default_factory=list)  # how the CPU run emulates CUDA, model substitutions
+    extras: dict[str, int] = field(default_factory=dict)  # named numbers (optimizer temporaries, ...)
+    scenario: dict = field(default_factory=dict)
+
+    @property
+    def peak(self) -> Breakdown:
+        return self.profile.peak
+
+    def step_timeline(self, step: int | None = None) -> list[TimelinePoint]:
+        step = self.steps - 1 if step is None else step
+        return [p for p in self.timeline if p.step == step]
+
+    def to_json(self, timeline: bool = True) -> dict:
+        out = {
+            "scenario": self.scenario,
+            "seconds": round(self.seconds, 3),
+            "steps": self.steps,
+            "profile": self.profile.to_json(),
+            "marks": {name: b.to_json() for name, b in self.marks.items()},
+            "kernels": self.kernels,
+            "extras": self.extras,
+            "notes": self.notes,
+        }
+        if timeline:
+            out["timeline_categories"] = list(CATEGORIES)
+            out["timeline"] = [[p.tick, p.step, p.phase, *p.parts] for p in self.timeline]
+        return out
+
+
+# ---------------------------------------------------------------------------------------------- optimizer
+def make_optimizer(scenario: Scenario, params):
+    name = scenario.optimizer
+    if name == "adamw-foreach":
+        return torch.optim.AdamW(params, lr=LR, weight_decay=0.0, foreach=True)
+    if name == "adamw-fused":
+        return torch.optim.AdamW(params, lr=LR, weight_decay=0.0, fused=True)
+    if name == "adamw-loop":
+        return torch.optim.AdamW(params, lr=LR, weight_decay=0.0, foreach=False)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=LR, momentum=0.9, foreach=True)
+    if name == "adafactor":
+        return torch.optim.Adafactor(params, lr=LR, foreach=False)
+    raise MemfitError(f"trace cannot run optimizer {name!r} (bitsandbytes kernels need a GPU); "
+                      f"trace with adamw-foreach/adamw-fused/adamw-loop/sgd/adafactor instead")
+
+
+def _host_scalar_steps(optimizer) -> bool:
+    """torch keeps Adam's `step` counters on the CPU unless fused or capturable (adam.py _init_group)."""
+    group = optimizer.param_groups[0]
+    return not (group.get("fused") or group.get("capturable"))
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+@dataclass
+class Batch:
+    kwargs: dict
+    real_tokens: int | None  # flash unpadding: tokens that are not padding (None = no padding)
+    indices: torch.Tensor | None  # real runs: flattened positions of the real tokens
+
+
+def padding_plan(scenario: Scenario, pad_tokens: int) -> tuple[int, int, int]:
+    """(rows, row length, padded positions) of the micro-batch tensor."""
+    rows, length = scenario.micro_batch, scenario.seq_len
+    if scenario.padding == "padding_free":
+        return 1, rows * length, 0
+    if scenario.padding == "packed":
+        return rows, length, 0
+    return rows, length, max(0, min(pad_tokens, length - 1))
+
+
+def make_batch(scenario: Scenario, pad_tokens: int, fake: bool, acc: Accountant | None = None) -> Batch:
+    """A collator's batch: input_ids, labels (a separate tensor, like HF collators), maybe a padding mask."""
+    rows, length, pads = padding_plan(scenario, pad_tokens)
+    vocab = scenario.model.vocab_size
+    ids = torch.randint(0, vocab, (rows, length))
+    kwargs = {"input_ids": ids, "labels": ids.clone()}
+    real_tokens = indices = None
+    if pads:
+        mask = torch.ones((rows, length), dtype=torch.long)
+        mask[-1, length - pads:] = 0  # right padding of the last row, as HF collators pad for training
+        kwargs["attention_mask"] = mask
+        real_tokens = rows * length - pads
+        if not fake and scenario.attention == "flash":
+            with acc.paused() if acc is not None else nullcontext():  # data for the flash stand-in, not a CUDA tensor
+                indices = torch.nonzero(mask.flatten()).flatten()
+    if scenario.padding == "padding_free":
+        kwargs["position_ids"] = torch.arange(scenario.seq_len).repeat(scenario.micro_batch)[None]
+    return Batch(kwargs, real_tokens, indices)
+
+
+# ---------------------------------------------------------------------------------------------- labelling
+def _label_state(acc: Accountant, built: BuiltModel, optimizer) -> None:
+    """At a step boundary: parameters and buffers are weights, .grad gradients, optimizer state states."""
+    for p in built.model.parameters():
+        acc.register(p, "weights")
+        if p.grad is not None:
+            acc.register(p.grad, "gradients")
+    for b in built.model.buffers():
+        acc.register(b, "weights")
+    host_steps = _host_scalar_steps(optimizer)
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                acc.register(value, "optimizer_states")
+                if key == "step" and host_steps:
+                    acc.exclude(value)
+
+
+def _install_hooks(acc: Accountant, built: BuiltModel) -> list:
+    """Gradients are labelled when autograd stores them; the lm_head + loss region is logits_loss."""
+    handles = []
+    for p in built.trainable:
+        handles.append(p.register_post_accumulate_grad_hook(lambda param: acc.label(param.grad, "gradients")))
+
+    def enter_logits(module, args):
+        acc.region = "logits_loss"
+        hidden = args[0] if args else None
+        if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
+            # the gradient reaching lm_head's input ends the logits/loss part of backward
+            hidden.register_hook(lambda grad: setattr(acc, "region", "activations"))
+
+    handles.append(built.lm_head.register_forward_pre_hook(enter_logits))
+    return handles
+
+
+def _host_transfer(acc: Accountant) -> HostTransfer:
+    """Offloaded activations: a host-labelled copy going out, a counted device copy coming back."""
+
+    def to_host(t):
+        h = torch.empty(t.size(), dtype=t.dtype)
+        acc.host(h)
+        return h.copy_(t)
+
+    return HostTransfer(to_host, lambda h, device: h.clone())
+
+
+# ---------------------------------------------------------------------------------------------- the trace
+def _check_supported(scenario: Scenario) -> None:
+    if scenario.loss != "standard":
+        raise MemfitError(f"trace runs the model's own loss; loss {scenario.loss!r} is not traced yet")
+    if scenario.model.encoder_decoder:
+        raise MemfitError("trace runs decoder-only models")
+
+
+def run_trace(scenario: Scenario, steps: int = 2, *, fake: bool = True, pad_tokens: int = 1,
+              num_layers: int | None = None, target: CudaTarget | None = None, inspect=None) -> TraceResult:
+    """Run `steps` training steps of `scenario` and account every tensor.
+
+    fake=False runs for real on the CPU (small models only; same accountant, for checking the fake run).
+    pad_tokens: padding positions in a "padded" batch (at the end of the last row); they put a mask in
+      the batch (SDPA -> mask path, flash -> unpad path) while keeping the token count at its maximum.
+    num_layers: override the decoder layer count (for per-layer measurements).
+    inspect: optional callback(mark, accountant) at forward_end/backward_end/step_end of every step;
+      with it the accountant records each storage's origin (op, shape, dtype) for `accountant.live()`.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    _check_supported(scenario)
+    if num_layers is not None:
+        scenario = replace(scenario, model=replace(scenario.model, num_layers=num_layers))
+    target = target or CudaTarget.for_gpu(scenario.hardware.gpu)
+    started = time.perf_counter()
+    acc = Accountant(debug=inspect is not None)
+    acc.inspect = inspect
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
+    built = build_model(scenario, device="cpu", fake_mode=fake_mode, host_transfer=_host_transfer(acc))
+    optimizer = make_optimizer(scenario, built.trainable)
+    handles = _install_hooks(acc, built)
+    kernels = {}
+    try:
+        with ExitStack() as stack:
+            if fake_mode is not None:
+                stack.enter_context(fake_mode)
+            stack.enter_context(acc)
+            for step in range(steps):
+                kernels = _train_step(acc, built, optimizer, scenario, step, pad_tokens, fake, target)
+    finally:
+        for h in handles:
+            h.remove()
+    seconds = time.perf_counter() - started
+    last = steps - 1
+    profile = acc.profile(last)
+    marks = {name.split("@")[0]: b for name, b in acc.marks.items() if name.endswith(f"@{last}")}
+    result = TraceResult(profile, acc.timeline, seconds, steps, marks, kernels,
+                         _notes(scenario, built, fake, target, pad_tokens), {}, _summary(scenario))
+    result.extras = _extras(result)
+    return result
+
+
+@contextmanager
+def batch_facts(scenario: Scenario):
+    """Answer transformers' data-dependent mask questions with what the batch is known to be.
+
+    On fake tensors `masking_utils.find_packed_sequence_indices` cannot read the position ids and
+    assumes packed sequences, which would build a B x 1 x T x T mask a real run never builds. Only a
+    padding-free batch restarts its positions.
+    """
+    from transformers import masking_utils
+
+    original = masking_utils.find_packed_sequence_indices
+    if scenario.padding != "padding_free":
+        masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original
+
+
+def _train_step(acc, built, optimizer, scenario, step, pad_tokens, fake, target) -> dict:
+    _label_state(acc, built, optimizer)
+    acc.enter_phase("forward", step)
+    batch = make_batch(scenario, pad_tokens, fake, acc)
+    autocast = (torch.autocast("cpu", dtype=built.autocast_dtype) if built.autocast_dtype is not None
+                else nullcontext())
+    with emulate_cuda(target, acc, batch.real_tokens, batch.indices) as cuda_state, batch_facts(scenario):
+        with autocast:
+            out = built.model(**batch.kwargs)
+        acc.region = "activations"
+        loss = out.loss
+        del out, batch  # HF compute_loss returns the loss only; logits die here
+        _mark(acc, "forward_end", step)
+        acc.enter_phase("backward")
+        acc.region = "logits_loss"
+        loss.backward()
+        _mark(acc, "backward_end", step)
+        del loss
+        acc.enter_phase("optimizer_step")
+        torch.nn.utils.clip_grad_norm_(built.trainable, MAX_GRAD_NORM, foreach=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        _mark(acc, "step_end", step)
+    _label_state(acc, built, optimizer)
+    return dict(cuda_state.kernels)
+
+
+def _mark(acc: Accountant, name: str, step: int) -> None:
+    acc.mark(f"{name}@{step}")
+    if acc.inspect is not None:
+        with acc.paused():
+            acc.inspect(name, acc)
+
+
+def _extras(result: TraceResult) -> dict[str, int]:
+    extras = {}
+    opt = result.profile.phases.get("optimizer_step")
+    end = result.marks.get("step_end")
+    if opt is not None and end is not None:
+        extras["optimizer_step_temporaries"] = opt.get("optimizer_states") - end.get("optimizer_states")
+    fwd = result.marks.get("forward_end")
+    if fwd is not None:
+        extras["saved_activations_at_forward_end"] = fwd.get("activations")
+        extras["logits_loss_at_forward_end"] = fwd.get("logits_loss")
+    return extras
+
+
+def _summary(scenario: Scenario) -> dict:
+    m = scenario.model
+    return {
+        "model": m.id, "layers": m.num_layers, "hidden": m.hidden_size, "vocab": m.vocab_size,
+        "tuning": scenario.tuning, "precision": scenario.precision, "optimizer": scenario.optimizer,
+        "attention": scenario.attention, "checkpointing": scenario.checkpointing, "reentrant": scenario.reentrant,
+        "padding": scenario.padding, "micro_batch": scenario.micro_batch, "seq_len": scenario.seq_len,
+        "lora_rank": scenario.lora.rank if scenario.lora else None, "gpu": scenario.hardware.gpu.id,
+    }
+
+
+def _notes(scenario: Scenario, built: BuiltModel, fake: bool, target: CudaTarget, pad_tokens: int) -> list[str]:
+    notes = list(built.notes)
+    notes.append("fake tensors on the CPU (no memory, no math)" if fake else "real tensors on the CPU")
+    notes.append(f"CUDA emulation for compute capability {target.compute_capability}: SDPA picks "
+                 f"{'cuDNN, ' if target.prefer_cudnn else ''}flash, mem-efficient, math by torch's CUDA rules; "
+                 f"kernels allocate and save what the CUDA kernels do (B,T,H,D outputs, fp32 logsumexp, "
+                 f"backward workspaces)")
+    if scenario.attention == "flash":
+        notes.append("flash_attention_2: memfit stand-in with flash_attn's saved set (q, k, v, out, fp32 lse, rng)")
+    if scenario.padding == "padded" and pad_tokens:
+        notes.append(f"padded batch: {pad_tokens} padding position(s) at the end of the last row, so the batch "
+                     f"carries a mask (SDPA mask path / flash unpad path) at the full token count")
+    if built.autocast_dtype is not None:
+        notes.append(f"autocast {str(built.autocast_dtype).removeprefix('torch.')} (CPU autocast stands in for "
+                     f"CUDA autocast; cast copies of parameters are labelled weights)")
+    if scenario.engine in ("deepspeed", "fsdp"):
+        notes.append(f"{scenario.engine}: the module runs in the compute dtype; weights, gradients and "
+                     f"optimizer states here are plain torch AdamW, not the engine's partitions (use measure)")
+    if _host_scalar_steps_for(scenario):
+        notes.append("optimizer `step` counters live on the host in CUDA runs (not counted)")
+    notes.append("not modelled: CUDA context, cuBLAS workspace, allocator cache/fragmentation, NCCL")
+    return notes
+
+
+def _host_scalar_steps_for(scenario: Scenario) -> bool:
+    return scenario.optimizer in ("adamw-foreach", "adamw-loop")
+
+
+# ---------------------------------------------------------------------------------------------- per layer
+def layer_profile(scenario: Scenario, **kwargs) -> dict[str, int]:
+    """Per-decoder-layer bytes from two traces that differ by one layer (1 vs 2 layers).
+
+    saved_per_layer: activations alive at the end of forward (what backward will need) per layer;
+    forward/backward peak deltas per layer; and the layer-independent rest at forward end.
+    """
+    one = run_trace(scenario, num_layers=1, **kwargs)
+    two = run_trace(scenario, num_layers=2, **kwargs)
+
+    def delta(get):
+        return get(two) - get(one)
+
+    fwd_end = lambda r: r.marks["forward_end"].get("activations")  # noqa: E731
+    return {
+        "saved_per_layer": delta(fwd_end),
+        "saved_outside_layers": fwd_end(one) - delta(fwd_end),
+        "logits_loss_at_forward_end": one.marks["forward_end"].get("logits_loss"),
+        "forward_peak_per_layer": delta(lambda r: r.profile.phases["forward"].total),
+        "backward_peak_per_layer": delta(lambda r: r.profile.phases["backward"].total),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- output
+def write_timeline(result: TraceResult, path: str | Path) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(result.to_json(), indent=None, separators=(",", ":")))
+    return path
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f}"
+
+
+def _sparkline(points: list[TimelinePoint], width: int, peak_tick: int) -> tuple[str, str, str]:
+    """(bars, phase letters, peak marker line) over `width` buckets, each showing its maximum."""
+    bars = "▁▂▃▄▅▆▇█"
+    if not points:
+        return "", "", ""
+    n = len(points)
+    buckets = [points[i * n // width:(i + 1) * n // width] for i in range(min(width, n))]
+    buckets = [b for b in buckets if b]
+    top = max(p.total for p in points) or 1
+    line, phases, marker = [], [], []
+    for bucket in buckets:
+        best = max(bucket, key=lambda p: p.total)
+        line.append(bars[min(len(bars) - 1, best.total * len(bars) // (top + 1))])
+        phases.append({"forward": "F", "backward": "B", "optimizer_step": "O"}.get(best.phase, "?"))
+        marker.append("▲" if any(p.tick == peak_tick for p in bucket) else " ")
+    return "".join(line), "".join(phases), "".join(marker)
+
+
+def render(result: TraceResult, console) -> None:
+    """Compact timeline of the last step (peak marked) and the breakdown at each phase's peak."""
+    from rich.table import Table
+
+    profile = result.profile
+    last = result.steps - 1
+    peak_phase = profile.peak_phase
+    peak_tick = max((p.tick for p in result.step_timeline(last)
+                     if p.phase == peak_phase and p.total == profile.peak.total), default=-1)
+    s = result.scenario
+    console.print(f"[bold]memfit trace[/] {s.get('model')}  {s.get('tuning')} {s.get('precision')}  "
+                  f"attn={s.get('attention')} ckpt={s.get('checkpointing')}  "
+                  f"batch {s.get('micro_batch')} x {s.get('seq_len')}   ({result.seconds:.1f} s, step {last + 1} of "
+                  f"{result.steps})")
+    bars, phases, marker = _sparkline(result.step_timeline(last), 72, peak_tick)
+    console.print(f"  live │{bars}│ {_gib(profile.peak.total)} GiB peak")
+    console.print(f"       │{phases}│ F forward  B backward  O optimizer")
+    console.print(f"       │{marker}│ ▲ peak ({peak_phase})")
+    table = Table(title="allocated bytes at each phase's peak (GiB, as torch.cuda.max_memory_allocated counts)")
+    table.add_column("category")
+    phase_names = [p for p in TRAINING_PHASES if p in profile.phases]
+    for phase in phase_names:
+        table.add_column(phase + (" ▲" if phase == peak_phase else ""), justify="right")
+    for category in CATEGORIES:
+        if any(profile.phases[p].get(category) for p in phase_names):
+            table.add_row(category, *[_gib(profile.phases[p].get(category)) for p in phase_names])
+    table.add_row("[bold]total", *[f"[bold]{_gib(profile.phases[p].total)}" for p in phase_names])
+    console.print(table)
+    if result.kernels:
+        console.print("  attention kernels: " + ", ".join(f"{k} x{v}" for k, v in result.kernels.items()))
+    for note in result.notes:
+        console.print(f"  [dim]- {note}[/]")
