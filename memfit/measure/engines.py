@@ -440,8 +440,31 @@ def claim_loaded(tk: MemoryTracker, obj, path: str = "") -> None:
             claim_loaded(tk, v, path)
 
 
+def _patch_fsdp(get_tracker) -> None:
+    """FSDP2 frees and re-allocates unsharded parameters with `storage.resize_`, which the dispatcher
+    does not see; re-read the size after each call."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+
+    def wrap(fn):
+        def resized(tensor):
+            fn(tensor)
+            tracker = get_tracker()
+            if tracker is not None:
+                tracker.refresh(tensor)
+        return resized
+
+    for module in (_fsdp_param, _fsdp_param_group):
+        for name in ("alloc_storage", "free_storage"):
+            if hasattr(module, name):
+                setattr(module, name, wrap(getattr(_fsdp_param, name)))
+
+
 def install_patches(get_tracker) -> None:
-    """Once per process: mark what DeepSpeed pins, and claim what its checkpoint engine loads."""
+    """Once per process: mark what DeepSpeed pins, claim what its checkpoint engine loads, see FSDP2 resizes."""
+    try:
+        _patch_fsdp(get_tracker)
+    except ImportError:
+        pass
     try:
         from deepspeed.accelerator import get_accelerator
         from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine

@@ -56,6 +56,9 @@ class Snapshot:
 # Site rules: (substring of the innermost engine frame "file:function", category, side). First match wins.
 # Each names a transient whose kind is clear from the function that makes it (see FINDINGS.md).
 SITE_RULES: list[tuple[str, str, str]] = [
+    ("stage_1_and_2.py:setup_buckets", "engine_buffers", "device"),  # IPG bucket(s), made at the first grad hook
+    ("stage_1_and_2.py:initialize_optimizer_states", "gradients", "device"),  # fp32 grad partition (init)
+    ("fp16/fused_optimizer.py:", "gradients", "device"),  # fp32 flat grads built in step / dummy init step
     ("stage3.py:_prepare_fp32_grad_for_sub_group", "gradients", "device"),
     ("stage3.py:__avg_scatter", "engine_buffers", "device"),
     ("stage3.py:_constant_buffered_norm2", "engine_buffers", "device"),
@@ -74,6 +77,10 @@ SITE_RULES: list[tuple[str, str, str]] = [
     ("comm/", "engine_buffers", "device"),
     ("ops/adam/cpu_adam.py", "optimizer_states", "host"),  # DeepSpeedCPUAdam state (lazy, unpinned)
     ("ops/adam/fused_adam.py", "optimizer_states", "device"),
+    ("_fsdp_param.py:init_all_gather_outputs", "weights", "device"),  # FSDP2 unsharded params (resized 0 <-> full)
+    ("_fsdp_param.py:init_unsharded_param", "weights", "device"),
+    ("_fully_shard/_fsdp_collectives.py:", "engine_buffers", "device"),  # all-gather / reduce-scatter buffers
+    ("distributed/distributed_c10d.py:", "engine_buffers", "device"),
     ("optim/", "optimizer_states", "device"),  # torch optimizers' lazily created state
     ("parallel/distributed.py", "engine_buffers", "device"),  # DDP reducer buckets
 ]
@@ -114,17 +121,17 @@ class MemoryTracker(TorchDispatchMode):
         return out
 
     def _see(self, t: torch.Tensor, func, args) -> None:
-        if t.device.type == "meta":
-            return
+        if t.device.type == "meta" or type(t) not in (torch.Tensor, torch.nn.Parameter):
+            return  # wrapper subclasses (DTensor): their local tensors are dispatched and seen on their own
         try:
             storage = t.untyped_storage()
+            key = storage._cdata  # the StorageImpl: stable across resize_ (FSDP2), unlike data_ptr
+            nbytes = storage.nbytes()
         except (RuntimeError, NotImplementedError):
             return
-        key = storage.data_ptr()
-        nbytes = storage.nbytes()
-        if key == 0 or nbytes == 0:
-            return
         entry = self.entries.get(key)
+        if entry is None and nbytes == 0:
+            return
         if entry is not None:
             if entry.nbytes != nbytes:  # storage resized in place (resize_ / set_)
                 self._resize(entry, nbytes)
@@ -157,15 +164,16 @@ class MemoryTracker(TorchDispatchMode):
         if site in self.learned:
             return self.learned[site]
         head = site.split(" < ", 1)[0]
-        for pattern, category, side in SITE_RULES:
-            if pattern in head:
-                return category, side
+        for text in (head, site):
+            for pattern, category, side in SITE_RULES:
+                if pattern in text:
+                    return category, side
         if self.context == "logits":
             return "logits_loss", "device"
         if self.phase == "forward" and func is not None and str(func) in _CAST_OPS and args:
             source = args[0]
             if isinstance(source, torch.Tensor):  # autocast's low-precision copy of a weight
-                owner = self.entries.get(source.untyped_storage().data_ptr())
+                owner = self.entries.get(source.untyped_storage()._cdata)
                 if owner is not None and owner.category == "weights":
                     return "weights", owner.side
         if self.phase in ("forward", "backward"):
@@ -188,7 +196,7 @@ class MemoryTracker(TorchDispatchMode):
         self.live[(entry.side, entry.category)] += n
         self.side_total[entry.side] += n
         self.site_live[(entry.side, f"{entry.category}|{entry.site}")] += n
-        if entry.pinned:
+        if entry.pinned and entry.side == "host":  # what would be page-locked host RAM on a GPU machine
             self.pinned_live += n
 
     def _resize(self, entry: Entry, nbytes: int) -> None:
@@ -229,17 +237,17 @@ class MemoryTracker(TorchDispatchMode):
             tensor = tensor._local_tensor
         try:
             storage = tensor.untyped_storage()
+            key = storage._cdata
+            nbytes = storage.nbytes()
         except (RuntimeError, NotImplementedError):
             return
-        key = storage.data_ptr()
-        nbytes = storage.nbytes()
-        record = self.claimed.setdefault(name, {"category": category, "side": side, "tensors": {}})
+        record = self.claimed.setdefault(f"{name}@{side}", {"name": name, "category": category, "side": side, "tensors": {}})
         record["tensors"][id(tensor)] = (key, tensor.numel() * tensor.element_size(), str(tensor.dtype).replace("torch.", ""))
-        if key == 0 or nbytes == 0:
-            return
         entry = self.entries.get(key)
+        if entry is None and nbytes == 0:
+            return
         if entry is None:  # made outside the dispatcher (torch.load, from_buffer ...)
-            self._add(key, storage, Entry(nbytes, category, side, "<claimed>", sticky=True, name=name))
+            self._add(key, storage, Entry(nbytes, category, side, "<claimed>", sticky=True, name=f"{name}@{side}"))
             return
         if entry.nbytes != nbytes:
             self._resize(entry, nbytes)
@@ -247,7 +255,7 @@ class MemoryTracker(TorchDispatchMode):
             self._count(entry, -1)
             entry.category, entry.side = category, side
             self._count(entry, +1)
-        entry.sticky, entry.name = True, name
+        entry.sticky, entry.name = True, f"{name}@{side}"
         if learn and entry.site.startswith(LEARNABLE):
             self.learned[entry.site] = (category, side)
         self._check_peak(relabel=True)
@@ -258,7 +266,10 @@ class MemoryTracker(TorchDispatchMode):
             return
         if hasattr(tensor, "_local_tensor"):
             tensor = tensor._local_tensor
-        entry = self.entries.get(tensor.untyped_storage().data_ptr())
+        try:
+            entry = self.entries.get(tensor.untyped_storage()._cdata)
+        except (RuntimeError, NotImplementedError):
+            return
         if entry is None or entry.sticky or (entry.category, entry.side) == (category, side):
             return
         self._count(entry, -1)
@@ -266,13 +277,32 @@ class MemoryTracker(TorchDispatchMode):
         self._count(entry, +1)
         self._check_peak(relabel=True)
 
+    def refresh(self, tensor) -> None:
+        """Re-read a storage's size after a resize outside the dispatcher (FSDP2 alloc/free_storage)."""
+        try:
+            storage = tensor.untyped_storage()
+            key, nbytes = storage._cdata, storage.nbytes()
+        except (RuntimeError, NotImplementedError):
+            return
+        entry = self.entries.get(key)
+        if entry is None:
+            if nbytes:
+                site = self._site() if nbytes >= BIG else "<small>"
+                self._add(key, storage, Entry(nbytes, *self._initial_label(site), site))
+        elif entry.nbytes != nbytes:
+            self._resize(entry, nbytes)
+
     def mark_pinned(self, tensor) -> None:
         if not isinstance(tensor, torch.Tensor):
             return
-        entry = self.entries.get(tensor.untyped_storage().data_ptr())
+        try:
+            entry = self.entries.get(tensor.untyped_storage()._cdata)
+        except (RuntimeError, NotImplementedError):
+            return
         if entry is not None and not entry.pinned:
+            self._count(entry, -1)
             entry.pinned = True
-            self.pinned_live += entry.nbytes
+            self._count(entry, +1)
             self._check_peak()
 
     def reset_claims(self) -> None:
@@ -281,7 +311,8 @@ class MemoryTracker(TorchDispatchMode):
     def named_buffers(self) -> list[dict]:
         """Claimed engine objects still alive: name, category, side, view bytes and storage bytes."""
         out = []
-        for name, record in self.claimed.items():
+        for record in self.claimed.values():
+            name = record["name"]
             keys, view_bytes, dtypes, pinned = set(), 0, set(), False
             for key, vb, dtype in record["tensors"].values():
                 entry = self.entries.get(key)
@@ -290,7 +321,7 @@ class MemoryTracker(TorchDispatchMode):
                 keys.add(key)
                 view_bytes += vb
                 dtypes.add(dtype)
-                pinned = pinned or entry.pinned
+                pinned = pinned or (entry.pinned and entry.side == "host")
             if not keys:
                 continue
             out.append({

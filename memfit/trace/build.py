@@ -323,6 +323,16 @@ def attn_implementation(scenario: Scenario) -> str:
     return scenario.attention
 
 
+def _check_traceable(hf_model, scenario: Scenario, family: str) -> None:
+    if scenario.attention == "flash" and not getattr(hf_model, "_supports_attention_backend", False):
+        raise MemfitError(f"transformers' {family} attention does not go through AttentionInterface, so the trace's "
+                          f"FlashAttention-2 stand-in cannot replace it; trace it with --attn sdpa or eager")
+    if scenario.model.is_moe and uses_autocast(scenario) and scenario.tuning in ("full", "freeze"):
+        raise MemfitError("transformers' grouped_mm MoE experts need bf16 weights, and mixed precision on plain "
+                          "torch keeps trainable weights in fp32; trace MoE full tuning with bf16-pure or an engine "
+                          "(deepspeed / fsdp) that runs the module in bf16")
+
+
 def build_model(scenario: Scenario, device: str | torch.device = "meta", fake_mode=None,
                 host_transfer=None) -> BuiltModel:
     """The scenario's model ready to train.
@@ -349,8 +359,12 @@ def build_model(scenario: Scenario, device: str | torch.device = "meta", fake_mo
         with build_on, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             hf_model = AutoModelForCausalLM.from_config(config, dtype=frozen, attn_implementation=attn)
+    except ValueError as e:  # e.g. "Gemma2ForCausalLM does not support ... scaled_dot_product_attention"
+        raise MemfitError(f"transformers cannot build {spec.id} with --attn {scenario.attention}: "
+                          f"{str(e).split('. ')[0]}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
+    _check_traceable(hf_model, scenario, family)
     hf_model.train()
     model = hf_model
     if scenario.tuning in ("lora", "qlora"):

@@ -19,6 +19,9 @@ this module does about them:
   wrapper steps as transformers' `flash_attention_forward` (transpose to B,T,H,D, fp32 -> autocast
   dtype cast, unpad with a fresh index tensor per layer when the batch is padded, pad the output back)
   around an autograd.Function with flash_attn's saved set: q, k, v, out, fp32 softmax_lse, rng_state.
+* Dropout with 0 < p < 1 is `native_dropout` on CUDA (output + bool mask saved) but a multiply by a
+  noise tensor in the input dtype on the CPU (ATen Dropout.cpp `is_fused_kernel_acceptable`);
+  `F.dropout` takes the CUDA route during the trace.
 * Autocast: CPU autocast casts matmuls/linear to bf16 like CUDA autocast; the fp32 op lists differ
   only in ops HF models already run in fp32 explicitly (norms upcast by hand, softmax(dtype=fp32),
   `logits.float()`). Code that asks `torch.is_autocast_enabled()` without a device means CUDA; during
@@ -36,6 +39,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
 
 _ORIG_SDPA = F.scaled_dot_product_attention
+_ORIG_DROPOUT = F.dropout
 _ORIG_IS_AUTOCAST = torch.is_autocast_enabled
 FLASH_NAME = "memfit_fa2"  # no "flash" in the name: transformers would look for the flash_attn package
 
@@ -97,7 +101,8 @@ def sdpa_backend(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, target: C
     cc = target.compute_capability
     low = q.dtype in (torch.float16, torch.bfloat16) and (q.dtype == torch.float16 or cc >= 8.0)
     d, dv = q.shape[-1], v.shape[-1]
-    heads = _heads_ok(q, k, v, enable_gqa)
+    heads = _heads_ok(q, k, v, enable_gqa) and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
+    heads = heads and (attn_mask is None or attn_mask.stride(-1) == 1)  # check_last_dim_stride_equals_1_dense
     requires_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
     def cudnn_ok():
@@ -341,6 +346,13 @@ def register_flash() -> str:
 
 
 # ---------------------------------------------------------------------------------------------- the context
+def _cuda_dropout(input, p=0.5, training=True, inplace=False):
+    """aten dropout on a CUDA tensor: the fused `native_dropout` kernel whenever 0 < p < 1."""
+    if training and 0.0 < p < 1.0 and input.numel() > 0 and not inplace:
+        return torch.native_dropout(input, p, True)[0]
+    return _ORIG_DROPOUT(input, p, training, inplace)
+
+
 def _is_autocast_enabled(device_type=None):
     if device_type in (None, "cuda"):
         return _ORIG_IS_AUTOCAST("cpu")
@@ -356,6 +368,7 @@ def emulate_cuda(target: CudaTarget, accountant=None, unpad_tokens: int | None =
     previous = _STATE
     _STATE = _State(target, accountant, unpad_tokens, batch_indices)
     F.scaled_dot_product_attention = cuda_sdpa
+    F.dropout = _cuda_dropout
     torch.is_autocast_enabled = _is_autocast_enabled
     try:
         yield _STATE
@@ -363,4 +376,5 @@ def emulate_cuda(target: CudaTarget, accountant=None, unpad_tokens: int | None =
         _STATE = previous
         if previous is None:
             F.scaled_dot_product_attention = _ORIG_SDPA
+            F.dropout = _ORIG_DROPOUT
             torch.is_autocast_enabled = _ORIG_IS_AUTOCAST
