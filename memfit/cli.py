@@ -137,6 +137,30 @@ def _cmd_estimate(a) -> int:
     return 0
 
 
+def _cmd_trace(a) -> int:
+    from memfit.trace import render, run_trace, write_timeline
+
+    scenario = scenario_from_args(a)
+    result = run_trace(scenario, steps=a.steps)
+    if a.timeline:
+        write_timeline(result, a.timeline)
+    if a.json:
+        import json
+
+        print(json.dumps(result.to_json(timeline=False), indent=2))
+    else:
+        from rich.console import Console
+
+        console = Console()
+        render(result, console)
+        if a.compare:
+            from memfit.estimate import estimate
+            from memfit.render import print_comparison
+
+            print_comparison(estimate(scenario).allocated, result.profile, "trace")
+    return 0
+
+
 def _cmd_models(a) -> int:
     from memfit.catalog import models
     from memfit.inventory import count_params
@@ -167,6 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_scenario_arguments(est)
     est.add_argument("--json", action="store_true", help="print the documented JSON document instead of tables")
     est.set_defaults(run=_cmd_estimate)
+    tr = sub.add_parser("trace", help="run the real transformers/PEFT step on fake tensors (needs memfit[trace])")
+    add_scenario_arguments(tr)
+    tr.add_argument("--steps", type=_int, default=2, help="training steps; the last one is reported (default 2)")
+    tr.add_argument("--timeline", help="write the allocation timeline to this JSON file")
+    tr.add_argument("--compare", action="store_true", help="also print memfit's analytic estimate beside the trace")
+    tr.add_argument("--json", action="store_true")
+    tr.set_defaults(run=_cmd_trace)
     for name, fn in (("models", _cmd_models), ("gpus", _cmd_gpus)):
         sp = sub.add_parser(name, help=f"list the {name} catalog")
         sp.add_argument("filter", nargs="?", help="substring to filter by")

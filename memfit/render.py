@@ -84,3 +84,19 @@ def print_estimate(e) -> None:
     con.print(verdict)
     if e.assumptions:
         con.print("[dim]assumed: " + "; ".join(e.assumptions) + "[/]")
+
+
+def print_comparison(estimated, other, other_name: str) -> None:
+    """The analytic allocated profile next to a trace's or a measurement's, per category at each peak."""
+    from rich.table import Table
+
+    table = Table(title=f"allocated at the peak: memfit vs {other_name}, GiB "
+                        f"(memfit peaks in {estimated.peak_phase}, {other_name} in {other.peak_phase})")
+    for col in ("category", "memfit", other_name, "error"):
+        table.add_column(col, justify="right")
+    a, b = estimated.peak, other.peak
+    for c in (*CATEGORIES, "total"):
+        x, y = (a.total, b.total) if c == "total" else (a.get(c), b.get(c))
+        err = f"{100 * (x - y) / y:+.1f}%" if y else ""
+        table.add_row(c.replace("_", " "), gib(x), gib(y), err)
+    _console().print(table)

@@ -38,6 +38,7 @@ class _Storage:
     category: str
     phase: str
     alive: bool = True
+    excluded: bool = False  # host memory in a CUDA run: tracked, never counted
     origin: str = ""  # op, shape and dtype of the tensor that created it (debug mode only)
 
 
@@ -119,7 +120,7 @@ class Accountant(TorchDispatchMode):
         rec = self._live.get(key)
         nbytes = block_bytes(st.nbytes())
         if rec is not None:
-            if rec.nbytes == nbytes:
+            if rec.excluded or rec.nbytes == nbytes:
                 return False
             self._by_cat[rec.category] += nbytes - rec.nbytes
             grew = nbytes > rec.nbytes
@@ -173,9 +174,10 @@ class Accountant(TorchDispatchMode):
     def exclude(self, t: torch.Tensor) -> None:
         """Stop counting a storage: it would be host memory on a CUDA machine (optimizer `step` scalars)."""
         rec = self._record(t)
-        if rec is not None and rec.nbytes:
+        if rec is not None:
             self._by_cat[rec.category] -= rec.nbytes
             rec.nbytes = 0
+            rec.excluded = True
 
     def host(self, t: torch.Tensor) -> torch.Tensor:
         """Mark a freshly made tensor as host memory (offloaded activations): tracked at 0 bytes."""

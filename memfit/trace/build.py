@@ -315,16 +315,22 @@ def tie_weights_again(hf_model) -> None:
             target.weight = inp.weight
 
 
-def attn_implementation(scenario: Scenario) -> str:
+def attn_implementation(scenario: Scenario, device: str | torch.device | None = None) -> str:
+    """transformers' attn_implementation: `flash` is the real flash_attention_2 on a CUDA device that has
+    flash_attn installed, memfit's stand-in (`cuda.py`) everywhere else."""
     if scenario.attention == "flash":
+        from transformers.utils import is_flash_attn_2_available
+
+        if device is not None and torch.device(device).type == "cuda" and is_flash_attn_2_available():
+            return "flash_attention_2"
         from memfit.trace.cuda import register_flash
 
         return register_flash()
     return scenario.attention
 
 
-def _check_traceable(hf_model, scenario: Scenario, family: str) -> None:
-    if scenario.attention == "flash" and not getattr(hf_model, "_supports_attention_backend", False):
+def _check_traceable(model_class, scenario: Scenario, family: str) -> None:
+    if scenario.attention == "flash" and not getattr(model_class, "_supports_attention_backend", False):
         raise MemfitError(f"transformers' {family} attention does not go through AttentionInterface, so the trace's "
                           f"FlashAttention-2 stand-in cannot replace it; trace it with --attn sdpa or eager")
     if scenario.model.is_moe and uses_autocast(scenario) and scenario.tuning in ("full", "freeze"):
@@ -345,12 +351,15 @@ def build_model(scenario: Scenario, device: str | torch.device = "meta", fake_mo
 
     spec = scenario.model
     family, substitute = family_of(spec)
-    attn = attn_implementation(scenario)
+    attn = attn_implementation(scenario, None if fake_mode is not None else device)
     config = hf_config(spec, attn)
     frozen, _, _ = dtypes_for(scenario)
     notes = []
     if substitute:
         notes.append(f"{substitute} (hub remote code) built as transformers '{family}': same tensor shapes")
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    _check_traceable(MODEL_FOR_CAUSAL_LM_MAPPING[type(config)], scenario, family)
     real_device = torch.device(device)
     build_on = torch.device("meta") if fake_mode is not None else real_device
     verbosity = hf_logging.get_verbosity()
@@ -364,11 +373,11 @@ def build_model(scenario: Scenario, device: str | torch.device = "meta", fake_mo
                           f"{str(e).split('. ')[0]}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
-    _check_traceable(hf_model, scenario, family)
     hf_model.train()
     model = hf_model
     if scenario.tuning in ("lora", "qlora"):
-        with build_on:
+        with build_on, warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # PEFT asks transformers v5's deprecated GC property
             model = apply_lora(hf_model, scenario, family)
         model.train()
     else:

@@ -55,7 +55,8 @@ class CudaTarget:
     @classmethod
     def for_gpu(cls, gpu) -> "CudaTarget":
         cc = float(getattr(gpu, "compute_capability", 8.0))
-        return cls(cc, prefer_cudnn=math.floor(cc) in (9, 10) and cc in (9.0, 10.0, 10.3))
+        # assumes a torch/cuDNN pair new enough for the preference (cuDNN > 9.15); minor 0 or 3 as for CUDA 12 wheels
+        return cls(cc, prefer_cudnn=cc in (9.0, 10.0, 10.3))
 
 
 @dataclass
@@ -179,7 +180,8 @@ class _FusedSDPA(torch.autograd.Function):
         q, k, v, out, lse, bias = ctx.saved_tensors
         b, h, t, d = q.shape
         tk, hk = k.shape[-2], k.shape[-3]
-        dout = dout.transpose(1, 2).contiguous().transpose(1, 2)  # kernels want B,T,H,D with unit last stride
+        if dout.stride(-1) != 1:  # the kernels need a unit last stride (check in mha_bwd / efficient backward)
+            dout = dout.contiguous()
         work = []
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         if ctx.backend == "flash":

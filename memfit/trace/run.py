@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -197,6 +198,8 @@ def run_trace(scenario: Scenario, steps: int = 2, *, fake: bool = True, pad_toke
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from transformers.utils import logging as hf_logging
+
     _check_supported(scenario)
     if num_layers is not None:
         scenario = replace(scenario, model=replace(scenario.model, num_layers=num_layers))
@@ -209,14 +212,19 @@ def run_trace(scenario: Scenario, steps: int = 2, *, fake: bool = True, pad_toke
     optimizer = make_optimizer(scenario, built.trainable)
     handles = _install_hooks(acc, built)
     kernels = {}
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the trace reports its own notes
     try:
         with ExitStack() as stack:
+            stack.enter_context(warnings.catch_warnings())
+            warnings.simplefilter("ignore", FutureWarning)  # transformers v5 deprecation notices reached via PEFT
             if fake_mode is not None:
                 stack.enter_context(fake_mode)
             stack.enter_context(acc)
             for step in range(steps):
                 kernels = _train_step(acc, built, optimizer, scenario, step, pad_tokens, fake, target)
     finally:
+        hf_logging.set_verbosity(verbosity)
         for h in handles:
             h.remove()
     seconds = time.perf_counter() - started
