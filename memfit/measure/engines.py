@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from memfit.errors import MemfitError
-from memfit.measure.model import DTYPES, apply_tuning, build_model, enable_checkpointing, lm_head_of
+from memfit.measure.model import build_model, lm_head_of, upcast_trainable
 from memfit.measure.tracker import MemoryTracker
 from memfit.scenario import Scenario
 
@@ -66,20 +66,22 @@ def deepspeed_config(s: Scenario) -> dict:
 class Runner:
     """One engine around one model. Subclasses fill in the engine-specific parts."""
 
-    def __init__(self, scenario: Scenario, tracker: MemoryTracker, attention: str):
-        self.s = scenario
+    def __init__(self, scenario: Scenario, tracker: MemoryTracker, model_dir: str | None = None, device: str = "cpu"):
+        self.s = scenario  # already adjusted to this machine (attention substituted by launch.plan)
         self.tk = tracker
-        self.attention = attention
+        self.model_dir = model_dir
+        self.device = device
         self.model = None
         self.optimizer = None
+        self.autocast = None
 
     # model construction shared by all engines
-    def _build(self, dtype, init_context=None, side="host"):
+    def _build(self, init_context=None, side="host"):
+        """Build the model; while building, its tensors are host RAM (a GPU run builds on the CPU and
+        then moves it) unless `init_context` (zero.Init) places them on the device directly."""
         self.tk.context = "build" if side == "host" else None
         try:
-            model = build_model(self.s, dtype, self.attention, init_context)
-            model = apply_tuning(model, self.s)
-            enable_checkpointing(model, self.s)
+            model, self.autocast, self.notes = build_model(self.s, self.device, init_context, self.model_dir)
         finally:
             self.tk.context = None
         self._install_hooks(model)
@@ -143,11 +145,10 @@ class DeepSpeedRunner(Runner):
         s = self.s
         self.config = deepspeed_config(s)
         ds = s.deepspeed
-        dtype = compute_dtype(s)
         init_context = None
         if ds.stage == 3 and ds.zero3_init:
-            init_context = deepspeed.zero.Init(config_dict_or_path=self.config, dtype=dtype)
-        self.model = self._build(dtype, init_context, side="device" if init_context else "host")
+            init_context = deepspeed.zero.Init(config_dict_or_path=self.config, dtype=compute_dtype(s))
+        self.model = self._build(init_context, side="device" if init_context else "host")
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=self.model, model_parameters=params,
                                                                  config=self.config)
@@ -318,10 +319,7 @@ class TorchRunner(Runner):
 
     def build(self):
         s = self.s
-        mixed = s.precision.endswith("-mixed")
-        dtype = torch.float32 if (mixed or s.precision == "fp32") else compute_dtype(s)
-        self.autocast = compute_dtype(s) if mixed and s.engine != "fsdp" else None
-        self.model = self._build(dtype)
+        self.model = self._build()
         self.module = self.wrap(self.model)
         params = [p for p in self.module.parameters() if p.requires_grad]
         if s.optimizer == "sgd":
@@ -392,6 +390,7 @@ class FsdpRunner(TorchRunner):
         s = self.s
         kwargs = {}
         if s.precision.endswith("-mixed"):
+            upcast_trainable(model)
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype(s), reduce_dtype=torch.float32)
         if s.fsdp.cpu_offload:
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
@@ -526,7 +525,7 @@ def install_patches(get_tracker) -> None:
     DeepSpeedEngine._configure_distributed_model = configure
 
 
-def runner_for(scenario: Scenario, tracker: MemoryTracker, attention: str) -> Runner:
+def runner_for(scenario: Scenario, tracker: MemoryTracker, model_dir: str | None = None, device: str = "cpu") -> Runner:
     if scenario.engine not in RUNNERS:
         raise MemfitError(f"memfit measure cannot run engine {scenario.engine!r}")
-    return RUNNERS[scenario.engine](scenario, tracker, attention)
+    return RUNNERS[scenario.engine](scenario, tracker, model_dir, device)

@@ -32,8 +32,8 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def plan(scenario: Scenario, allow_substitutions: bool = True) -> tuple[str, list[str]]:
-    """What the run can do on this machine: the attention it will use and what it changed.
+def plan(scenario: Scenario, allow_substitutions: bool = True) -> tuple[Scenario, list[str]]:
+    """The scenario as it will run on this machine, and what was changed to run it.
 
     Raises MemfitError (one line) for what cannot be measured here at all.
     """
@@ -45,10 +45,6 @@ def plan(scenario: Scenario, allow_substitutions: bool = True) -> tuple[str, lis
         raise MemfitError(f"optimizer {scenario.optimizer} is bitsandbytes, which needs CUDA; measure with --optimizer adamw-fused on the CPU")
     if scenario.optimizer == "adafactor":
         raise MemfitError("memfit measure runs AdamW or SGD; adafactor is not wired into the measure runners")
-    if scenario.model.arch not in ("llama", "qwen2"):
-        raise MemfitError(f"memfit measure builds llama and qwen2 models; {scenario.model.id} is {scenario.model.arch!r}")
-    if scenario.checkpointing == "unsloth":
-        raise MemfitError("unsloth-style checkpointing is LLaMA-Factory code that measure does not run; use --ckpt full or offload")
     if scenario.loss != "standard":
         raise MemfitError(f"loss {scenario.loss!r} is not wired into measure; it runs the transformers loss (--loss standard)")
     ds = scenario.deepspeed
@@ -60,17 +56,30 @@ def plan(scenario: Scenario, allow_substitutions: bool = True) -> tuple[str, lis
         raise MemfitError(f"{scenario.world_size} ranks on the CPU is too many; measure runs up to {MAX_CPU_RANKS} CPU ranks")
     if not cuda and scenario.precision.startswith("fp16"):
         raise MemfitError("fp16 mixed precision needs CUDA (CPU fp16 kernels are incomplete); measure with --precision bf16-mixed")
-    attention = {"flash": "flash_attention_2"}.get(scenario.attention, scenario.attention)
+    if scenario.checkpointing in ("offload", "unsloth") and not cuda:
+        raise MemfitError(f"--ckpt {scenario.checkpointing} moves saved activations to the host with .to('cpu'), "
+                          "which is a no-op on a CPU run; measure it on CUDA, or use --ckpt full here")
+    attention = scenario.attention
     if scenario.attention == "flash" and not cuda:
         if not allow_substitutions:
             raise MemfitError("flash-attention 2 needs CUDA; rerun with --attn sdpa (measure on the CPU uses sdpa)")
         attention = "sdpa"
         used_instead.append("attention sdpa instead of flash-attention 2 (no CUDA): activations differ from a flash run")
+    ds = scenario.deepspeed
+    compute = scenario.precision.split("-")[0]
+    if (scenario.engine == "deepspeed" and ds.stage == 3 and scenario.tuning == "lora"
+            and scenario.adapter_dtype != compute and compute != "fp32"):
+        # stage3 defragment() asserts one dtype per param group; LLaMA-Factory keeps adapters in the
+        # compute dtype under ZeRO-3 for this reason (src/llamafactory/model/adapter.py::init_adapter)
+        scenario = scenario.with_changes(adapter_dtype=compute)
+        used_instead.append(f"LoRA adapters in {compute} (ZeRO-3 flattens one dtype per group; fp32 adapters assert)")
     if scenario.padding != "padded":
         used_instead.append(f"full-length synthetic rows (padding {scenario.padding!r} has no effect without real data)")
     if not cuda:
-        used_instead.append("CPU + gloo: tensors split into device/host by DeepSpeed's own objects, not by tensor.device")
-    return attention, used_instead
+        used_instead.append("CPU + gloo: tensors split into device/host by the engine's own objects, not by tensor.device")
+    if attention != scenario.attention:
+        scenario = scenario.with_changes(attention=attention)
+    return scenario, used_instead
 
 
 def _free_port() -> int:
@@ -107,8 +116,10 @@ def run_batch(scenarios: list[Scenario], steps: int = 3, model_dir: str | None =
     plans = [plan(s, allow_substitutions) for s in scenarios]
     workdir = Path(keep_dir or tempfile.mkdtemp(prefix="memfit-measure-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    jobs = [{"scenario": s, "steps": steps, "attention": attention, "model_dir": model_dir,
-             "checkpoint_dir": str(workdir / f"ckpt{i}")} for i, (s, (attention, _)) in enumerate(zip(scenarios, plans))]
+    for old in list(workdir.glob("job*.json")) + list(workdir.glob("rank*.log")):
+        old.unlink()
+    jobs = [{"scenario": adjusted, "steps": steps, "model_dir": model_dir, "checkpoint_dir": str(workdir / f"ckpt{i}")}
+            for i, (adjusted, _) in enumerate(plans)]
     (workdir / "jobs.pkl").write_bytes(pickle.dumps(jobs))
     started = time.time()
     _launch(world, workdir, timeout, threads)

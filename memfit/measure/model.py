@@ -1,7 +1,9 @@
-"""Build a real, randomly initialised transformers model (+ PEFT LoRA) from a memfit ModelSpec.
+"""The real, randomly initialised model of a scenario, built by the trace's builder on a real device.
 
-The trace helper's `memfit.trace.build.build_model` is used when it exists and builds real tensors;
-otherwise this small builder covers the llama / qwen2 families (the ones measure runs on the CPU).
+`memfit.trace.build.build_model(scenario, device="cpu")` builds the transformers model (+ PEFT LoRA,
+freezing, dtypes, activation checkpointing) exactly as the trace does, but with real tensors. With
+`model_dir` the weights come from a local Hugging Face folder instead (`from_pretrained`), and the same
+tuning steps follow.
 """
 from __future__ import annotations
 
@@ -9,105 +11,57 @@ import contextlib
 
 import torch
 
-from memfit.catalog import ModelSpec
 from memfit.errors import MemfitError
 from memfit.scenario import Scenario
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-_ROLE_ORDER = ("q", "k", "v", "o", "gate", "up", "down", "fc", "proj")
+
+def build_model(scenario: Scenario, device: str = "cpu", init_context=None, model_dir: str | None = None):
+    """(model the loop calls, autocast dtype or None, notes). `init_context` wraps construction
+    (deepspeed.zero.Init for ZeRO-3)."""
+    from memfit.trace import build as tb
+
+    if model_dir is not None:
+        with init_context or contextlib.nullcontext():
+            return _from_pretrained(scenario, model_dir, device, tb)
+    if init_context is None or scenario.tuning != "lora":
+        with init_context or contextlib.nullcontext():
+            built = tb.build_model(scenario, device=device)
+        return built.model, built.autocast_dtype, built.notes
+    # Under zero.Init only the base model is built partitioned; PEFT adds the adapters afterwards, outside
+    # the context, as a training script does (adapters made inside it come out with 0 elements).
+    with init_context:
+        built = tb.build_model(scenario.with_changes(tuning="full", lora=None), device=device)
+    model = tb.apply_lora(built.hf_model, scenario, built.family)
+    model.train()
+    tb.set_dtypes(model, scenario)
+    return model, built.autocast_dtype, built.notes
 
 
-def hf_config(spec: ModelSpec, attention: str):
-    """The transformers config for a catalog architecture (llama / qwen2 families)."""
-    from transformers import LlamaConfig, Qwen2Config
-
-    common = dict(
-        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
-        head_dim=spec.head_dim, tie_word_embeddings=spec.tie_embeddings, max_position_embeddings=max(spec.max_position_embeddings, 4096),
-        use_cache=False,
-    )
-    if spec.arch == "llama":
-        config = LlamaConfig(**common, attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias)
-    elif spec.arch == "qwen2":
-        config = Qwen2Config(**common)
-    else:
-        raise MemfitError(f"memfit measure builds llama and qwen2 architectures on the CPU; {spec.id} is {spec.arch!r}")
-    config._attn_implementation = attention
-    return config
-
-
-def _trace_builder():
-    try:
-        from memfit.trace import build  # the trace helper's builder, if present
-    except ImportError:
-        return None
-    return getattr(build, "build_model", None)
-
-
-def build_model(scenario: Scenario, dtype: torch.dtype, attention: str, init_context=None):
-    """Random-init model in `dtype`; `init_context` (e.g. deepspeed.zero.Init) wraps construction."""
+def _from_pretrained(scenario: Scenario, model_dir: str, device: str, tb):
     from transformers import AutoModelForCausalLM
 
-    config = hf_config(scenario.model, attention)
-    with init_context or contextlib.nullcontext():
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
-    model.config.use_cache = False
-    return model
-
-
-def lora_targets(scenario: Scenario) -> list[str] | str:
-    """PEFT `target_modules` for the scenario's LoRA targets (roles map to module names via the catalog)."""
-    targets = scenario.lora.targets
-    if "all-linear" in targets:
-        return "all-linear"
-    names = scenario.model.linear_names or {}
-    out = []
-    for t in targets:
-        if t in names:
-            out.append(t)
-        else:
-            matched = [n for n, roles in names.items() if t in roles]
-            if not matched:
-                raise MemfitError(f"LoRA target {t!r} matches no linear of {scenario.model.id}; known: {', '.join(names)}")
-            out.extend(matched)
-    return sorted(set(out))
-
-
-def apply_tuning(model, scenario: Scenario):
-    """LoRA via PEFT (adapters upcast to fp32 unless adapter_dtype says otherwise), or layer freezing."""
+    frozen, _, _ = tb.dtypes_for(scenario)
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=frozen, device_map={"": device},
+                                                        attn_implementation=tb.attn_implementation(scenario))
+    except (OSError, ValueError) as e:
+        raise MemfitError(f"cannot load a model from {model_dir!r}: {str(e).splitlines()[0]}") from None
+    hf_model.config.use_cache = False
+    hf_model.train()
+    model = hf_model
     if scenario.tuning == "lora":
-        from peft import LoraConfig, get_peft_model
-
-        lora = scenario.lora
-        config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha or 2 * lora.rank, lora_dropout=lora.dropout,
-                            target_modules=lora_targets(scenario), use_dora=lora.dora, task_type="CAUSAL_LM")
-        model = get_peft_model(model, config, autocast_adapter_dtype=scenario.adapter_dtype == "fp32")
-        if scenario.adapter_dtype != "fp32":
-            for name, p in model.named_parameters():
-                if p.requires_grad:
-                    p.data = p.data.to(DTYPES[scenario.adapter_dtype])
-    elif scenario.tuning == "freeze":
-        layers = model.model.layers
-        keep = set(range(len(layers) - scenario.freeze_trainable_layers, len(layers)))
-        for name, p in model.named_parameters():
-            p.requires_grad = any(f"layers.{i}." in name for i in keep)
-    return model
-
-
-def enable_checkpointing(model, scenario: Scenario) -> None:
-    if scenario.checkpointing == "off":
-        return
-    kwargs = {"use_reentrant": scenario.reentrant}
-    every = scenario.checkpoint_every_n if scenario.checkpointing == "every_n" else 1
-    offload = scenario.checkpointing == "offload"
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    base.activation_checkpointing_enable(kwargs, every_n_layers=every, offload=offload)
-    if scenario.tuning == "lora" and scenario.reentrant:
-        base.enable_input_require_grads()
+        model = tb.apply_lora(hf_model, scenario, hf_model.config.model_type)
+        model.train()
+    else:
+        tb.set_trainable(model, hf_model, scenario)
+    tb.set_dtypes(model, scenario)
+    tb.enable_checkpointing(hf_model, scenario)
+    autocast = tb.compute_dtype(scenario) if tb.uses_autocast(scenario) else None
+    return model, autocast, [f"weights loaded from {model_dir}"]
 
 
 def count_params(model) -> tuple[int, int]:
+    """(total, trainable) parameter counts; ZeRO-3 partitioned params count their full size."""
     seen, total, trainable = set(), 0, 0
     for p in model.parameters():
         if id(p) in seen:
@@ -122,3 +76,10 @@ def count_params(model) -> tuple[int, int]:
 def lm_head_of(model):
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return base.get_output_embeddings()
+
+
+def upcast_trainable(model) -> None:
+    """accelerate's FSDP path: trainable low-precision params become fp32 masters before sharding."""
+    for p in model.parameters():
+        if p.requires_grad and p.is_floating_point() and p.dtype != torch.float32:
+            p.data = p.data.float()

@@ -39,7 +39,7 @@ class RankMeasurement:
     rss_peak_bytes: dict[str, int] = field(default_factory=dict)  # VmHWM within each phase
     pinned_host_bytes: int = 0  # peak bytes the engine asked to pin (page-locked on CUDA; a no-op on CPU)
     buffers: list[NamedBuffer] = field(default_factory=list)
-    peak_sites: dict[str, list[dict]] = field(default_factory=dict)  # phase -> biggest allocation sites at the device peak
+    peak_sites: dict[str, dict[str, list[dict]]] = field(default_factory=dict)  # side -> phase -> biggest sites at the peak
     step_peaks: list[dict] = field(default_factory=list)  # per step and phase: device and host totals
     cuda: dict | None = None  # on CUDA: max_memory_allocated / max_memory_reserved / NVML used, per phase
 

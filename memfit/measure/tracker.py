@@ -32,6 +32,10 @@ BIG = 64 * 1024  # allocations at least this large get their own site in peak re
 _SKIP_FUNCS = {"wrapped_fn", "decorate_context", "_call_impl", "_wrapped_call_impl", "wrapper", "inner", "_fn"}
 # only engine-made storages teach their site (model construction sites must stay "host while building")
 LEARNABLE = ("deepspeed/", "optim/", "distributed/", "parallel/")
+# ... and not the engine frames that merely call the model or autograd: everything forward/backward
+# allocates (activations, their grads, raw param grads) has these as its innermost engine frame
+NOT_LEARNABLE = ("runtime/engine.py:forward", "runtime/engine.py:backward", "runtime/engine.py:__call__",
+                 "zero/linear.py:", "parallel/distributed.py:forward", "parallel/distributed.py:_run_ddp_forward")
 _CAST_OPS = {"aten._to_copy.default", "aten.to.dtype", "aten.to.dtype_layout", "aten._to_copy"}
 
 
@@ -121,8 +125,12 @@ class MemoryTracker(TorchDispatchMode):
         return out
 
     def _see(self, t: torch.Tensor, func, args) -> None:
-        if t.device.type == "meta" or type(t) not in (torch.Tensor, torch.nn.Parameter):
-            return  # wrapper subclasses (DTensor): their local tensors are dispatched and seen on their own
+        if type(t) not in (torch.Tensor, torch.nn.Parameter):
+            t = getattr(t, "_local_tensor", None)  # DTensor (FSDP2): its local shard holds the memory
+            if t is None or type(t) not in (torch.Tensor, torch.nn.Parameter):
+                return
+        if t.device.type == "meta":
+            return
         try:
             storage = t.untyped_storage()
             key = storage._cdata  # the StorageImpl: stable across resize_ (FSDP2), unlike data_ptr
@@ -256,7 +264,7 @@ class MemoryTracker(TorchDispatchMode):
             entry.category, entry.side = category, side
             self._count(entry, +1)
         entry.sticky, entry.name = True, f"{name}@{side}"
-        if learn and entry.site.startswith(LEARNABLE):
+        if learn and entry.site.startswith(LEARNABLE) and not any(x in entry.site.split(" < ")[0] for x in NOT_LEARNABLE):
             self.learned[entry.site] = (category, side)
         self._check_peak(relabel=True)
 

@@ -94,18 +94,21 @@ def _profile(tk: MemoryTracker, side: str, steps: int) -> PhaseProfile:
     return PhaseProfile(phases)
 
 
-def _peak_sites(tk: MemoryTracker, steps: int, top: int = 12) -> dict[str, list[dict]]:
-    out = {}
+def _peak_sites(tk: MemoryTracker, steps: int, top: int = 12) -> dict[str, dict[str, list[dict]]]:
+    """side -> phase -> the biggest allocation sites live at that phase's peak (category, site, bytes)."""
+    out: dict[str, dict[str, list[dict]]] = {}
     steady = list(range(2, steps + 1)) or [1]
-    for phase in PHASES:
-        keys = ([(s, phase, "device") for s in steady] if phase in STEP_PHASES else
-                [({"load": 0, "checkpoint_save": steps + 1, "resume": steps + 2}[phase], phase, "device")])
-        snaps = [tk.peaks[k] for k in keys if k in tk.peaks]
-        if not snaps:
-            continue
-        best = max(snaps, key=lambda c: c.total)
-        rows = sorted(best.sites.items(), key=lambda kv: -kv[1])[:top]
-        out[phase] = [{"category": k.split("|", 1)[0], "site": k.split("|", 1)[1], "bytes": b} for k, b in rows]
+    for side in ("device", "host"):
+        for phase in PHASES:
+            keys = ([(s, phase, side) for s in steady] if phase in STEP_PHASES else
+                    [({"load": 0, "checkpoint_save": steps + 1, "resume": steps + 2}[phase], phase, side)])
+            snaps = [tk.peaks[k] for k in keys if k in tk.peaks]
+            if not snaps or not max(s.total for s in snaps):
+                continue
+            best = max(snaps, key=lambda c: c.total)
+            rows = sorted(best.sites.items(), key=lambda kv: -kv[1])[:top]
+            out.setdefault(side, {})[phase] = [
+                {"category": k.split("|", 1)[0], "site": k.split("|", 1)[1], "bytes": b} for k, b in rows]
     return out
 
 
@@ -117,7 +120,8 @@ def _step_peaks(tk: MemoryTracker) -> list[dict]:
 
 
 def run_job(job: dict, rank: int) -> tuple[RankMeasurement, tuple[int, int]]:
-    scenario, steps, attention = job["scenario"], job["steps"], job["attention"]
+    scenario, steps, model_dir = job["scenario"], job["steps"], job.get("model_dir")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     ckpt_dir = Path(job["checkpoint_dir"])
     generator = torch.Generator().manual_seed(1234 + rank)
     tk = MemoryTracker()
@@ -131,7 +135,7 @@ def run_job(job: dict, rank: int) -> tuple[RankMeasurement, tuple[int, int]]:
         rss.begin("load")
         tk.record = False
         tk.set_phase("warmup", step=0)
-        runner = runner_for(scenario, tk, attention)
+        runner = runner_for(scenario, tk, model_dir, device)
         runner.build()
         runner.walk()
         params = count_params(runner.model)
@@ -170,7 +174,7 @@ def run_job(job: dict, rank: int) -> tuple[RankMeasurement, tuple[int, int]]:
         _trim()
         leaked = dict(tk.side_total)
         tk.set_phase("load", 0)  # a fresh engine for the resume: this is the recorded load phase
-        runner = runner_for(scenario, tk, attention)
+        runner = runner_for(scenario, tk, model_dir, device)
         runner.build()
         runner.walk()
         rss.begin("resume")
