@@ -56,46 +56,95 @@ def residual_bytes(s: Scenario) -> int:
     return 4 if fp32_master_in_module and s.tuning == "full" else s.compute_bytes
 
 
+def _has_mask(s: Scenario) -> bool:
+    """A padded batch carries padding positions, so transformers builds an attention mask."""
+    return s.padding == "padded"
+
+
 def _attention_per_token(s: Scenario, b: int) -> tuple[int, int, int]:
-    """(saved bytes per token, saved bytes per token per key position, transient per token per key)."""
+    """(saved bytes per token, saved bytes per token per key position, transient per token per key).
+
+    The kernel's output is saved by the kernel and, in its [B,T,H,d] layout, is o_proj's input too."""
     m = s.model
     q = m.num_heads * m.head_dim
     kv = m.num_kv_heads * m.head_dim
     lse = 4 * m.num_heads
-    masked = s.padding == "padded" and s.micro_batch > 1
-    if s.attention == "flash":
-        return b * (q + 2 * kv + q) + lse, 0, 0  # q, k, v, out (already [B,T,H,d]), logsumexp
     repeated = q if m.num_kv_heads != m.num_heads else kv
-    if s.attention == "sdpa" and not masked:
-        return b * (q + 2 * kv + q + q) + lse, 0, 0  # + contiguous copy of out for o_proj
-    if s.attention == "sdpa":
-        return b * (q + 2 * repeated + q + q) + lse, 0, 0  # mem-efficient kernel, repeat_kv materialized
-    # eager: q and repeated k for QK^T, fp32 softmax output and its bf16 cast for PV, repeated v
+    if s.attention == "flash":  # q, k, v (native GQA), out, fp32 logsumexp; unpadding adds a copy and an index
+        return b * (q + 2 * kv + q) + lse + (b * m.hidden_size + 8 if _has_mask(s) else 0), 0, 0
+    if s.attention == "sdpa" and not _has_mask(s):  # no mask, enable_gqa: the flash kernel
+        return b * (q + 2 * kv + q) + lse, 0, 0
+    if s.attention == "sdpa":  # bool mask -> mem-efficient kernel over repeat_kv'd k, v
+        return b * (q + 2 * repeated + q) + lse, 0, 0
+    # eager: q and repeated k for QK^T, fp32 softmax output and its bf16 cast for PV, repeated v (the
+    # contiguous copy of the output is o_proj's input, counted with the Linear inputs)
     per_key_saved = m.num_heads * (4 + b)
     per_key_transient = m.num_heads * (b + b + 4)  # scores, masked scores, fp32 softmax in flight
-    return b * (q + 3 * repeated + q), per_key_saved, per_key_transient
+    return b * (q + 2 * repeated), per_key_saved, per_key_transient
 
 
-def _lora_per_token(s: Scenario, adapters: list[ParamTensor]) -> int:
-    """PEFT casts each adapted Linear's input to the adapter dtype (a copy when they differ) and
-    lora_B saves lora_A's rank-wide output (peft/tuners/lora/layer.py Linear.forward)."""
-    if not adapters:
-        return 0
-    ab = BYTES[s.adapter_dtype] if s.precision != "fp32" else 4
-    cast = ab != s.compute_bytes and not s.precision.endswith("mixed")
+def _adapted(s: Scenario, adapters: list[ParamTensor]) -> dict[str, tuple[int, float]]:
+    """module name -> (rank, adapters per layer; experts count by the share of tokens routed to them)."""
     layers = max(s.model.num_layers, 1)
-    total = 0
+    out: dict[str, tuple[int, float]] = {}
     for t in adapters:
-        if not t.name.endswith("lora_A") or not t.per_layer:
-            continue
-        per_layer_count = t.count / layers
-        if ".experts." in t.name:  # an expert sees only the tokens routed to it
-            per_layer_count *= s.model.experts_per_token / s.model.num_experts
-        rank = t.out_features
-        total += per_layer_count * (rank * ab + (t.in_features * ab if cast else 0))
-        if s.lora.dropout > 0:
-            total += per_layer_count * t.in_features * (1 + s.compute_bytes)  # mask + dropped input
-    return int(total)
+        if t.name.endswith("lora_A") and t.per_layer:
+            share = s.model.experts_per_token / s.model.num_experts if ".experts." in t.name else 1.0
+            rank, count = out.get(t.module, (t.out_features, 0.0))
+            out[t.module] = (rank, count + share * t.count / layers)
+    return out
+
+
+def _group_inputs(s: Scenario, b: int, rb: int, adapters: list[ParamTensor]) -> tuple[int, int]:
+    """Bytes per token that the Linears of one layer save of their inputs (PEFT lora/layer.py Linear.forward:
+    lora_A saves what it reads, B saves A's rank-wide output). Returns (norm-fed groups, other groups).
+
+    A trainable Linear saves its input once per group of modules reading it; under autocast an fp32 input is
+    cast per module. A LoRA adapter whose dtype differs from its input casts it (PEFT), and autocast casts
+    it back: each such adapter saves a private copy. A frozen, unadapted Linear saves nothing."""
+    m = s.model
+    adapted = _adapted(s, adapters)
+    ab = BYTES[s.adapter_dtype] if s.precision != "fp32" else 4
+    trainable_base = s.tuning in ("full", "freeze")
+    autocast = s.runs_autocast
+    groups = {"attn_in": ({"q", "k", "v"}, m.hidden_size, rb), "o": ({"o"}, m.num_heads * m.head_dim, b),
+              "mlp_in": ({"gate", "up", "fc"}, m.hidden_size, rb), "down": ({"down", "proj"}, m.intermediate_size, b)}
+    totals = {}
+    for name, (roles, width, xb) in groups.items():
+        modules = [mod for mod, r in m.linear_names.items() if set(r) & roles]
+        cost = 0.0
+        shared = False
+        if trainable_base:
+            if autocast and xb == 4:
+                cost += 2 * width * len(modules)  # each Linear's bf16 autocast copy
+            else:
+                shared = True
+        for mod in modules:
+            if mod not in adapted:
+                continue
+            rank, count = adapted[mod]
+            cost += count * rank * (b if autocast else ab)
+            if s.lora.dropout > 0:
+                cost += count * width  # bool mask
+            if ab != xb and not (s.tuning == "qlora" and autocast):
+                cost += count * width * (2 if autocast else ab)  # private cast copy
+            else:
+                shared = True
+        if shared and not (name == "o" and s.attention != "eager"):
+            cost += width * xb  # saved once (o's input is the kernel output, already saved)
+        totals[name] = cost
+    return int(totals["attn_in"] + totals["mlp_in"]), int(totals["o"] + totals["down"])
+
+
+def _norm_per_token(s: Scenario, b: int, rb: int) -> int:
+    """HF RMSNorm saves an fp32 copy of its input (the input itself when already fp32) and, when its weight
+    trains, the normalized tensor in the input dtype; LayerNorm saves its input and two fp32 stats."""
+    m = s.model
+    h = m.hidden_size
+    trains = s.tuning in ("full", "freeze")
+    if m.norm == "rms":
+        return 4 * h + (rb * h if trains else 0)
+    return rb * h + 8
 
 
 def _layer_per_token(s: Scenario, b: int, rb: int, adapters) -> int:
@@ -103,16 +152,17 @@ def _layer_per_token(s: Scenario, b: int, rb: int, adapters) -> int:
     h, ffn = m.hidden_size, m.intermediate_size
     if m.is_moe:
         ffn = (m.moe_intermediate_size or ffn) * m.experts_per_token
-    norm = {"rms": 4 * h + b * h, "layer": rb * h + 8, "none": rb * h}[m.norm]
-    norms = norm * m.norms_per_layer
-    linear_inputs = b * h * (2 if m.attention == "mha" else 1)  # qkv input, MLP input (shared when parallel)
+    norms = _norm_per_token(s, b, rb) * m.norms_per_layer + (4 * m.norms_per_layer if m.norm == "rms" else 0)
     attn, _, _ = _attention_per_token(s, b)
-    mlp = b * ffn * (4 if m.mlp == "gated" else 2)
+    norm_fed, others = _group_inputs(s, b, rb, adapters)
+    # MLP intermediates other than down's input: gate out (SiLU), SiLU out and up out (the product);
+    # plain MLPs: fc out (GELU); down's input is counted with the Linear inputs
+    mlp = b * ffn * (3 if m.mlp == "gated" else 1)
     if m.qk_norm != "none":
         attn += (4 + b) * (m.num_heads + m.num_kv_heads) * m.head_dim
     if m.is_moe:
         mlp += m.experts_per_token * 2 * b * h + 4 * m.num_experts * 2  # routed copies, router softmax
-    return norms + linear_inputs + attn + mlp + _lora_per_token(s, adapters)
+    return norms + attn + norm_fed + others + mlp
 
 
 def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
@@ -123,12 +173,12 @@ def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
     rows, t = s.micro_batch, s.seq_len
     _, per_key_saved, per_key_transient = _attention_per_token(s, b)
     layer_saved = n * _layer_per_token(s, b, rb, adapters) + rows * t * t * per_key_saved
-    masked = s.padding == "padded" and s.micro_batch > 1
     masks = 0
     if s.attention == "eager":
         masks = rows * t * t * b  # 4D float mask (masking_utils eager_mask)
-    elif s.attention == "sdpa" and masked:
+    elif s.attention == "sdpa" and _has_mask(s):
         masks = rows * t * t  # 4D bool mask
+        layer_saved += rows * t * t * b  # the mem-efficient kernel saves it as a bias in compute dtype
     ckpt_layers, plain_layers = _checkpoint_split(s)
     offloaded = s.checkpointing in ("offload", "unsloth")
     checkpoint = n * rb * m.hidden_size

@@ -12,8 +12,8 @@ from memfit.catalog import HERE, ModelSpec
 from memfit.errors import MemfitError
 from memfit.scenario import DeepSpeedConfig, FsdpConfig, Hardware, LoraConfig, Scenario
 
-SCENARIO_KEYS = ("checkpointing", "reentrant", "attention", "precision", "adapter_dtype", "optimizer", "loss",
-                 "padding", "low_cpu_mem_usage")
+SCENARIO_KEYS = ("checkpointing", "reentrant", "attention", "precision", "adapter_dtype", "autocast", "optimizer",
+                 "loss", "padding", "low_cpu_mem_usage")
 
 
 @cache
@@ -68,7 +68,7 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs: dict, profile_na
             values[key] = knobs[key]
         elif key in profile:
             values[key] = profile[key]
-            if key != "low_cpu_mem_usage":
+            if key not in ("low_cpu_mem_usage", "autocast"):
                 assumed.append(f"{key}={profile[key]} ({profile_name} default)")
     engine = _engine(knobs, profile, hardware, assumed, profile_name)
     tuning = knobs.get("tuning", "full")

@@ -149,6 +149,7 @@ class Scenario:
     lora: LoraConfig | None = None
     precision: str = "bf16-mixed"
     adapter_dtype: str = "fp32"  # PEFT upcasts adapters of bf16 bases to fp32 (autocast_adapter_dtype)
+    autocast: bool = False  # the trainer wraps forward in torch.autocast (HF Trainer bf16=True / fp16=True)
     optimizer: str = "adamw-fused"
     optimizer_in_backward: bool = False  # torchtune optimizer_in_bwd: each param steps as its grad lands
     engine: str = "single"
@@ -216,6 +217,14 @@ class Scenario:
     @property
     def compute_bytes(self) -> int:
         return 4 if self.precision == "fp32" else 2
+
+    @property
+    def runs_autocast(self) -> bool:
+        """Plain torch (single GPU, DDP) runs forward under autocast for mixed precision, or when the trainer
+        asks for it; DeepSpeed and FSDP cast the module to 16 bit instead (knobs.md A.1, B)."""
+        if self.engine not in ("single", "ddp") or self.precision == "fp32":
+            return False
+        return self.autocast or self.precision.endswith("mixed")
 
     @property
     def tokens_per_micro_batch(self) -> int:

@@ -191,18 +191,22 @@ def compute_dtype(scenario: Scenario) -> torch.dtype:
 
 
 def uses_autocast(scenario: Scenario) -> bool:
-    """Mixed precision on plain torch (single GPU, DDP) = fp32 trainable params + autocast region.
+    """Whether forward runs under autocast: `Scenario.runs_autocast` (mixed precision on plain torch, or a
+    trainer that enables it over 16-bit weights, as HF Trainer's bf16=True does)."""
+    return scenario.runs_autocast
 
-    DeepSpeed bf16/fp16 casts the module to 16 bit and keeps fp32 masters inside its optimizer
-    (knobs.md A.1); FSDP MixedPrecision runs the module in the compute dtype: no autocast for either.
-    """
+
+def fp32_trainable(scenario: Scenario) -> bool:
+    """Mixed precision on plain torch (single GPU, DDP) keeps trainable params in fp32. DeepSpeed bf16/fp16
+    casts the module to 16 bit and keeps fp32 masters inside its optimizer (knobs.md A.1); FSDP
+    MixedPrecision runs the module in the compute dtype."""
     return scenario.precision.endswith("-mixed") and scenario.engine in ("single", "ddp")
 
 
 def dtypes_for(scenario: Scenario) -> tuple[torch.dtype, torch.dtype, torch.dtype]:
     """(frozen params, trainable params, LoRA adapters) dtypes."""
     compute = compute_dtype(scenario)
-    trainable = torch.float32 if uses_autocast(scenario) else compute
+    trainable = torch.float32 if fp32_trainable(scenario) else compute
     adapters = torch.float32 if scenario.precision == "fp32" else DTYPES[scenario.adapter_dtype]
     return compute, trainable, adapters
 
@@ -333,7 +337,7 @@ def _check_traceable(model_class, scenario: Scenario, family: str) -> None:
     if scenario.attention == "flash" and not getattr(model_class, "_supports_attention_backend", False):
         raise MemfitError(f"transformers' {family} attention does not go through AttentionInterface, so the trace's "
                           f"FlashAttention-2 stand-in cannot replace it; trace it with --attn sdpa or eager")
-    if scenario.model.is_moe and uses_autocast(scenario) and scenario.tuning in ("full", "freeze"):
+    if scenario.model.is_moe and fp32_trainable(scenario) and scenario.tuning in ("full", "freeze"):
         raise MemfitError("transformers' grouped_mm MoE experts need bf16 weights, and mixed precision on plain "
                           "torch keeps trainable weights in fp32; trace MoE full tuning with bf16-pure or an engine "
                           "(deepspeed / fsdp) that runs the module in bf16")
