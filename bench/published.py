@@ -180,6 +180,13 @@ def scenario_for(case: dict):
         "optimizer_in_backward": in_bwd or None,
         **_engine(case),
     }
+    precision_text = (case.get("precision") or "").lower()
+    if "no autocast" in precision_text or "mixed_precision 'no'" in precision_text:
+        knobs["autocast"] = False
+    elif "autocast" in precision_text:
+        knobs["autocast"] = True
+    if "framework_config=accelerated-peft" in (case.get("source_detail") or ""):
+        knobs["kbit_upcast"] = False  # the fms plugin prepares the quantized model itself, without PEFT's upcast
     if "dora" in (case.get("method") or "").lower():
         knobs["dora"] = True
     return build_scenario(model, hardware, knobs, case.get("profile") or "hf-trainer")

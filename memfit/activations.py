@@ -190,7 +190,7 @@ def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
         layer_checkpoint=0 if offloaded else checkpoint,
         checkpointed_layers=ckpt_layers,
         plain_layers=plain_layers,
-        outside_layers=n * (4 * h + b * h + b * h),  # final norm (fp32 + bf16) and lm_head input
+        outside_layers=n * (_norm_per_token(s, b, rb) + (b * h if s.tuning == "full" else 0)),  # final norm, head input
         shared_masks=masks,
         layer_forward_transient=n * b * max(4 * h, 2 * m.intermediate_size) + rows * t * t * per_key_transient,
         layer_backward_transient=n * b * (3 * m.intermediate_size + 2 * h) + rows * t * t * per_key_transient,
@@ -202,7 +202,8 @@ def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
 
 
 def _checkpoint_split(s: Scenario) -> tuple[int, int]:
-    layers = s.model.num_layers
+    # freeze tuning: no gradient reaches the frozen layers below the trainable ones, so they save nothing
+    layers = s.freeze_trainable_layers if s.tuning == "freeze" else s.model.num_layers
     if s.checkpointing == "off":
         return 0, layers
     if s.checkpointing == "every_n":

@@ -87,12 +87,15 @@ def _backward(ms: ModelStates, act: Activations, runtime: int, head_grads: int) 
     (all gradients, the first layer recomputed and differentiated)."""
     base = _static(ms, runtime)
     base["weights"] += ms.gathered_backward
-    start = dict(base, gradients=max(ms.grads_between_steps, head_grads),
+    # autocast's weight copies stay saved into backward; checkpointed layers drop theirs (recomputed)
+    saved_casts = ms.autocast_cache if act.checkpointed_layers == 0 else ms.autocast_cache_head
+    start = dict(base, weights=base["weights"] + saved_casts, gradients=max(ms.grads_between_steps, head_grads),
                  activations=act.saved_total, logits_loss=act.logits_backward_peak)
     last_layer_alive = act.layer_checkpoint if act.checkpointed_layers else act.layer_saved
     end = dict(base, gradients=max(ms.grads_after_backward, ms.grads_between_steps) + ms.grads_unreduced,
                activations=last_layer_alive + act.recompute + act.layer_backward_transient + act.shared_masks)
-    first_layer = dict(base, gradients=max(ms.grads_between_steps, head_grads),
+    first_layer = dict(base, weights=base["weights"] + saved_casts - ms.autocast_cache_head,
+                       gradients=max(ms.grads_between_steps, head_grads),
                        activations=act.saved_total - act.outside_layers + act.recompute
                        + act.layer_backward_transient)
     return max((Breakdown(p) for p in (start, end, first_layer)), key=lambda b: b.total)

@@ -13,7 +13,7 @@ from memfit.errors import MemfitError
 from memfit.scenario import DeepSpeedConfig, FsdpConfig, Hardware, LoraConfig, Scenario
 
 SCENARIO_KEYS = ("checkpointing", "reentrant", "attention", "precision", "adapter_dtype", "autocast", "optimizer",
-                 "loss", "padding", "low_cpu_mem_usage")
+                 "loss", "padding", "low_cpu_mem_usage", "kbit_upcast")
 
 
 @cache
@@ -68,9 +68,11 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs: dict, profile_na
             values[key] = knobs[key]
         elif key in profile:
             values[key] = profile[key]
-            if key not in ("low_cpu_mem_usage", "autocast"):
+            if key not in ("low_cpu_mem_usage", "autocast", "kbit_upcast"):
                 assumed.append(f"{key}={profile[key]} ({profile_name} default)")
     engine = _engine(knobs, profile, hardware, assumed, profile_name)
+    if engine == "fsdp" and "kbit_upcast" not in knobs:
+        values["kbit_upcast"] = False  # TRL skips prepare_model_for_kbit_training for sharded (FSDP) QLoRA
     tuning = knobs.get("tuning", "full")
     lora = None
     if tuning in ("lora", "qlora"):
@@ -92,7 +94,7 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs: dict, profile_na
         micro_batch=knobs.get("micro_batch", 1), seq_len=knobs.get("seq_len", 2048),
         grad_accum=knobs.get("grad_accum", 1), checkpoint_every_n=knobs.get("checkpoint_every_n", 1),
         optimizer_in_backward=knobs.get("optimizer_in_backward", False),
-        double_quant=knobs.get("double_quant", True), kbit_upcast=knobs.get("kbit_upcast", False),
+        double_quant=knobs.get("double_quant", True), 
         freeze_trainable_layers=knobs.get("freeze_trainable_layers", 2), method=knobs.get("method", "sft"),
         profile=profile_name, assumed=tuple(assumed), **values,
     )

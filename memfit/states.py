@@ -39,6 +39,7 @@ class ModelStates:
     gathered_forward: int = 0  # ZeRO-3 / FSDP params gathered while computing (forward)
     gathered_backward: int = 0  # ... and in backward
     autocast_cache: int = 0  # bf16 copies of fp32 weights cached during forward (knobs H.4)
+    autocast_cache_head: int = 0  # ... of which the output head's, saved for backward even under checkpointing
     grads_between_steps: int = 0  # gradient storage that exists during forward
     grads_after_backward: int = 0  # all gradient storage at the end of backward
     grads_unreduced: int = 0  # full-size grads of one module waiting for reduce-scatter
@@ -124,6 +125,14 @@ def _torch_optimizer(s: Scenario, trainable: list[ParamTensor]) -> tuple[int, in
     return states, temps, paged
 
 
+def _fp32_under_autocast(s: Scenario, t: ParamTensor) -> bool:
+    if t.kind not in ("linear", "lm_head", "lora") or t.quantized:
+        return False
+    if t.trainable:
+        return trainable_dtype_bytes(s, t) == 4
+    return s.tuning == "qlora" and s.kbit_upcast and t.kind == "lm_head"  # PEFT's kbit upcast
+
+
 def plain_states(s: Scenario, tensors: list[ParamTensor]) -> ModelStates:
     """Single GPU or DDP: every rank holds all weights, grads and optimizer states."""
     trainable = [t for t in tensors if t.trainable]
@@ -137,10 +146,12 @@ def plain_states(s: Scenario, tensors: list[ParamTensor]) -> ModelStates:
         step_temporaries=temps,
         paged_optimizer=paged,
     )
-    if s.precision.endswith("mixed"):
-        # autocast caches a low-precision copy of each fp32 weight it casts (Linear weights)
-        ms.autocast_cache = sum(t.total * s.compute_bytes for t in trainable
-                                if trainable_dtype_bytes(s, t) == 4 and t.kind in ("linear", "lm_head", "lora"))
+    if s.runs_autocast:
+        # autocast casts each fp32 weight a matmul reads to 16 bit; the copies are cached through forward and
+        # saved for backward by the matmuls whose input needs a gradient (aten autocast_mode.cpp)
+        copies = [t for t in tensors if _fp32_under_autocast(s, t)]
+        ms.autocast_cache = sum(t.total * s.compute_bytes for t in copies)
+        ms.autocast_cache_head = sum(t.total * s.compute_bytes for t in copies if t.kind == "lm_head")
     if s.optimizer_in_backward:
         # the step runs inside backward per parameter, so only one gradient exists at a time
         largest = max((t.numel * trainable_dtype_bytes(s, t) for t in trainable), default=0)

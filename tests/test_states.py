@@ -91,11 +91,13 @@ def test_pinned_host_buffers_cost_more_than_unpinned(scenario):
     assert sum(b.nbytes for b in pinned.host) == sum(b.nbytes for b in unpinned.host)
 
 
-def test_qlora_stores_decoder_linears_in_4bit(scenario):
-    s = scenario("llama-3.1-8b-instruct", tuning="qlora")
+@pytest.mark.parametrize("upcast, other_bytes", [(False, 2), (True, 4)])
+def test_qlora_stores_decoder_linears_in_4bit(scenario, upcast, other_bytes):
+    # PEFT's prepare_model_for_kbit_training upcasts what is not 4-bit (embeddings, norms, head) to fp32
+    s = scenario("llama-3.1-8b-instruct", tuning="qlora", kbit_upcast=upcast)
     tensors, ms = _states(s)
     quantized = sum(t.total for t in tensors if t.quantized)
     other_frozen = sum(t.total for t in tensors if not t.trainable and not t.quantized)
     adapters = sum(t.total for t in tensors if t.trainable)
     nf4_dq = 0.5 + 1 / 64 + 4 / (64 * 256)
-    assert ms.weights == int(quantized * nf4_dq + other_frozen * 2) + adapters * 4
+    assert ms.weights == int(quantized * nf4_dq + other_frozen * other_bytes) + adapters * 4

@@ -287,6 +287,14 @@ def set_dtypes(model, scenario: Scenario) -> None:
             b.data = b.data.to(frozen)
 
 
+def upcast_non_quantized(model) -> None:
+    """PEFT prepare_model_for_kbit_training casts every fp16/bf16 parameter that is not 4-bit to fp32
+    (peft/utils/other.py); embeddings, norms and the head become fp32, so the residual stream does too."""
+    for name, p in model.named_parameters():
+        if p.is_floating_point() and p.dtype in (torch.bfloat16, torch.float16) and "lora_" not in name:
+            p.data = p.data.to(torch.float32)
+
+
 # ---------------------------------------------------------------------------------------------- checkpointing
 def enable_checkpointing(hf_model, scenario: Scenario, host_transfer=None) -> None:
     """HF activation checkpointing as the frameworks switch it on (knobs.md C.2).
@@ -391,6 +399,9 @@ def build_model(scenario: Scenario, device: str | torch.device = "meta", fake_mo
         from memfit.trace.quant import quantize_linears
 
         notes.append(quantize_linears(model, hf_model, frozen))
+        if scenario.kbit_upcast:
+            upcast_non_quantized(model)
+            notes.append("prepare_model_for_kbit_training: every non-4-bit parameter upcast to fp32")
     enable_checkpointing(hf_model, scenario, host_transfer)
     if fake_mode is not None:
         with fake_mode:
