@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -191,13 +192,31 @@ def select(rows: list[GridRow], pattern: str | None) -> list[GridRow]:
 
 # ---------------------------------------------------------------------------------------------- the cache
 # catalog documentation and the scenario's list of assumed defaults: they change no tensor
-_DOC_FIELDS = {"aliases", "params_source", "config_source", "published_params", "source", "name"}
+_DOC_FIELDS = {"aliases", "params_source", "config_source", "published_params", "source", "name", "assumed"}
+_OFF = (None, False, 0, "", "none", "off", (), [], {})
+
+
+def _field_default(f: dataclasses.Field):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
 
 
 def _plain(obj):
+    """Canonical data of a scenario. A field left at an "off" default (None, False, 0, "none", empty) is
+    omitted, so adding a switched-off knob to Scenario/ModelSpec keeps every fingerprint (and the cache)
+    valid; any other value, or a changed default, changes the fingerprint."""
     if dataclasses.is_dataclass(obj):
-        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)
-                if f.name not in _DOC_FIELDS and f.name != "assumed"}
+        out = {}
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if f.name in _DOC_FIELDS or (value in _OFF and type(value) is type(_field_default(f))
+                                         and value == _field_default(f)):
+                continue
+            out[f.name] = _plain(value)
+        return out
     if isinstance(obj, dict):
         return {str(k): _plain(v) for k, v in sorted(obj.items())}
     if isinstance(obj, (list, tuple)):
@@ -205,14 +224,27 @@ def _plain(obj):
     return obj
 
 
+# What memfit/trace reads from a Scenario (grep "scenario\." memfit/trace). The key holds only these, the
+# model's architecture and the GPU's compute capability (CudaTarget.for_gpu), so knobs the trace never
+# reads (RL roles, host RAM, GPU memory size, ...) can be added to Scenario without re-tracing. When the
+# trace code starts reading something new, its hash changes, every entry is marked stale, and the new
+# input belongs in this list.
+TRACE_INPUTS = ("tuning", "lora", "precision", "runs_autocast", "adapter_dtype", "optimizer", "engine",
+                "deepspeed", "fsdp", "checkpointing", "checkpoint_every_n", "reentrant", "attention", "padding",
+                "loss", "micro_batch", "seq_len", "freeze_trainable_layers", "kbit_upcast", "double_quant")
+
+
 def fingerprint(scenario: Scenario) -> str:
-    """Everything the trace reads from the scenario (not the catalog's documentation strings)."""
-    doc = {"scenario": _plain(scenario), "steps": TRACE_STEPS, "pad_tokens": PAD_TOKENS}
+    doc = {name: _plain(getattr(scenario, name, None)) for name in TRACE_INPUTS}
+    doc |= {"model": _plain(scenario.model), "compute_capability": scenario.hardware.gpu.compute_capability,
+            "steps": TRACE_STEPS, "pad_tokens": PAD_TOKENS}
     text = json.dumps(doc, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
+@functools.cache
 def trace_code_hash() -> str:
+    """Of memfit/trace/*.py as this process first sees them (a worker: just after importing them)."""
     h = hashlib.sha256()
     for path in sorted((ROOT / "memfit" / "trace").glob("*.py")):
         h.update(path.name.encode() + path.read_bytes())
@@ -291,6 +323,8 @@ def trace_entry(row: GridRow) -> dict:
 
 def _worker(row: GridRow) -> tuple[str, dict]:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import memfit.trace.run  # noqa: F401 - import first, then hash the code that was imported
+    trace_code_hash()
     return fingerprint(row.scenario()), trace_entry(row)
 
 

@@ -22,7 +22,8 @@ from memfit.catalog import custom_gpu, find_gpu, find_model  # noqa: E402
 from memfit.errors import MemfitError  # noqa: E402
 from memfit.estimate import estimate  # noqa: E402
 from memfit.profiles import build_scenario  # noqa: E402
-from memfit.scenario import Hardware  # noqa: E402
+from memfit.roles import estimate_roles  # noqa: E402
+from memfit.scenario import MULTI_MODEL_METHODS, SINGLE_MODEL_METHODS, Hardware  # noqa: E402
 
 NUMERIC_BASES = ("allocated", "active", "reserved", "device_total", "unknown")
 # Which estimate profile answers each basis; "active" is torch's peak active bytes, about allocated;
@@ -69,10 +70,19 @@ def _gpu(case: dict):
     return find_gpu("a100-80gb")  # unstated: the numeric comparison does not depend on capacity
 
 
+def _method(text: str) -> tuple[str, str]:
+    """A case's method text -> (memfit method, tuning text): 'dpo (full)' -> ('dpo', 'full'), 'lora' -> ('sft', 'lora').
+    Preference / RL methods run several models (memfit/roles.py, issue 6)."""
+    m = text.lower().strip()
+    head = re.match(r"[a-z]+", m)
+    if head and head.group(0) in MULTI_MODEL_METHODS:
+        inner = re.search(r"\((.*)\)", m)
+        return head.group(0), inner.group(1) if inner else "full"
+    return "sft", m
+
+
 def _tuning(method: str) -> str:
     m = method.lower()
-    if m.startswith(("dpo", "ppo", "grpo", "kto", "orpo", "rm")):
-        raise Skip("preference / RL training with several models is not modeled yet (issue 6)")
     if "qlora" in m or "gptq" in m:
         return "qlora"
     if "dora" in m or "lora" in m:
@@ -152,6 +162,13 @@ def _lora_targets(case: dict) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(found)) or None
 
 
+def _attention(case: dict) -> str | None:
+    """flash_attention_2 -> flash; eager stated -> eager (OpenRLHF <= v0.8 without --flash_attn, knobs.md E.3);
+    anything else -> the profile's default."""
+    impl = (case.get("attention_impl") or "").lower()
+    return "flash" if impl.startswith("flash") else ("eager" if impl.startswith("eager") else None)
+
+
 def _model_name(case: dict) -> str:
     return re.sub(r"\s*\(.*\)$", "", case["model"]).strip()
 
@@ -162,7 +179,8 @@ def scenario_for(case: dict):
     model = find_model(_model_name(case))
     if model.encoder_decoder:
         raise Skip("encoder-decoder (T5) activations are not modeled")
-    tuning = _tuning(case.get("method") or "")
+    method, tuning_text = _method(case.get("method") or "")
+    tuning = _tuning(tuning_text)
     nodes = 2 if "2 nodes" in (case.get("gpu_type") or "") else 1
     gpus = (case.get("num_gpus") or 1) // nodes
     hardware = Hardware(gpu=_gpu(case), gpus_per_node=gpus, nodes=nodes)
@@ -174,10 +192,11 @@ def scenario_for(case: dict):
         "grad_accum": case.get("grad_accum") or 1, "lora_rank": case.get("lora_rank"),
         "lora_targets": _lora_targets(case),
         "checkpointing": {True: "full", False: "off"}.get(case.get("gradient_checkpointing")),
-        "attention": "flash" if (case.get("attention_impl") or "").startswith("flash") else None,
+        "attention": _attention(case),
         "padding": "packed" if re.search(r"\bpacked", case.get("seq_len_kind") or "") else None,
         "loss": "liger" if "foak" in kernels else ("chunked_output" if "chunked" in kernels else None),
         "optimizer_in_backward": in_bwd or None,
+        "method": None if method == "sft" else method,
         **_engine(case),
     }
     precision_text = (case.get("precision") or "").lower()
@@ -200,7 +219,8 @@ def _unit_bytes(case: dict) -> float:
 def evaluate(case: dict) -> Row:
     row = Row(case)
     try:
-        est = estimate(scenario_for(case))
+        s = scenario_for(case)
+        est = estimate(s) if s.method in SINGLE_MODEL_METHODS else estimate_roles(s)
     except (Skip, MemfitError) as e:
         row.skip = str(e)
         return row

@@ -32,6 +32,7 @@ class Activations:
     logits_forward_peak: int
     logits_saved: int
     logits_backward_peak: int
+    logits_grad: int = 0  # the logits' gradient in their own dtype, alive while the head computes its grads
     host_offloaded: int = 0  # checkpoints kept in host RAM (offloaded / unsloth checkpointing)
 
     @property
@@ -78,7 +79,7 @@ def _attention_per_token(s: Scenario, b: int) -> tuple[int, int, int]:
         return b * (q + 2 * repeated + q) + lse, 0, 0
     # eager: q and repeated k for QK^T, fp32 softmax output and its bf16 cast for PV, repeated v (the
     # contiguous copy of the output is o_proj's input, counted with the Linear inputs)
-    per_key_saved = m.num_heads * (4 + b)
+    per_key_saved = m.num_heads * (4 + b + (b if m.attn_softcap else 0))  # softcap: tanh output
     per_key_transient = m.num_heads * (b + b + 4)  # scores, masked scores, fp32 softmax in flight
     return b * (q + 2 * repeated), per_key_saved, per_key_transient
 
@@ -143,7 +144,7 @@ def _norm_per_token(s: Scenario, b: int, rb: int) -> int:
     h = m.hidden_size
     trains = s.tuning in ("full", "freeze")
     if m.norm == "rms":
-        return 4 * h + (rb * h if trains else 0)
+        return 4 * h + ((4 if m.norm_fp32_scale else rb) * h if trains else 0)
     return rb * h + 8
 
 
@@ -197,6 +198,7 @@ def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
         logits_forward_peak=logits_fwd,
         logits_saved=logits_saved,
         logits_backward_peak=logits_bwd,
+        logits_grad=n * v * (4 if s.precision == "fp32" else b) if s.loss == "standard" else 0,
         host_offloaded=checkpoint * ckpt_layers if offloaded else 0,
     )
 
@@ -228,5 +230,7 @@ def _logits(s: Scenario, n: int, v: int, b: int) -> tuple[int, int, int]:
         c = -(-n // TORCHTUNE_CHUNKS)
         return n * v * (lb + 4) + c * v * up, n * v * 4, n * v * 4 + c * v * (8 + lb)
     # standard: bf16 logits + fp32 copy + fp32 log_softmax output; backward: saved log_softmax,
-    # the dense nll grad and the log_softmax grad alive together
-    return n * v * (lb + up + 4), n * v * 4, n * v * 12
+    # the dense nll grad and the log_softmax grad alive together. Soft-capped logits (Gemma 2) keep the
+    # tanh output for backward.
+    cap = n * v * lb if s.model.logit_softcap else 0
+    return n * v * (lb + up + 4) + cap, n * v * 4 + cap, n * v * 12 + cap

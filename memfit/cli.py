@@ -88,6 +88,28 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--grad-accum-dtype")
     e.add_argument("--fsdp", help="full_shard, shard_grad_op, hybrid_shard, no_shard")
     e.add_argument("--fsdp-offload", action="store_true", default=None)
+    # issue 6: preference / RL runs with several models (memfit/roles.py, catalog/methods.toml)
+    r = p.add_argument_group("preference / RL (several models; OpenRLHF legacy and dotted flags in --help text)")
+    r.add_argument("--method", help="sft, pt, dpo, ipo, kto, orpo, simpo, rm, ppo, grpo")
+    r.add_argument("--ref-model", help="reference model if not the policy's (--ref_pretrain / --ref.model_name_or_path)")
+    r.add_argument("--precompute-ref", action="store_true", default=None, help="TRL precompute_ref_log_probs")
+    r.add_argument("--ref-offload", action="store_true", default=None, help="--ref_offload / --ref.offload (ZeRO-3 only)")
+    r.add_argument("--reward-model", help="PPO/GRPO reward model (--reward_pretrain / --reward.model_name_or_path)")
+    r.add_argument("--reward-offload", action="store_true", default=None, help="--reward.offload (ZeRO-3 only)")
+    r.add_argument("--remote-reward", action="store_true", default=None, help="--remote_rm_url: no reward model")
+    r.add_argument("--critic-model", help="PPO critic (--critic_pretrain; default: the reward model)")
+    r.add_argument("--init-kl-coef", type=float, help="--init_kl_coef / --algo.kl.init_coef; 0 = no reference")
+    r.add_argument("--colocate", help="none, actor-ref, critic-reward, actor-ref+critic-reward, all "
+                                      "(--colocate_actor_ref / --train.colocate_actor_ref, --colocate_all_models / "
+                                      "--train.colocate_all)")
+    r.add_argument("--vllm-engines", type=_int, help="--vllm_num_engines / --vllm.num_engines (0 = no vLLM)")
+    r.add_argument("--vllm-tp", type=_int, help="--vllm_tensor_parallel_size / --vllm.tensor_parallel_size")
+    r.add_argument("--vllm-mem", type=float, help="--vllm_gpu_memory_utilization / --vllm.gpu_memory_utilization")
+    r.add_argument("--vllm-sleep", action="store_true", default=None, help="--vllm_enable_sleep / --vllm.enable_sleep")
+    r.add_argument("--ds-sleep", action="store_true", default=None,
+                   help="--deepspeed_enable_sleep / --ds.enable_sleep")
+    r.add_argument("--rollout-micro-batch", type=_int, help="--micro_rollout_batch_size / --rollout.micro_batch_size")
+    r.add_argument("--role-gpus", help="GPUs per role group when not colocated, e.g. actor=4,critic=2,ref=1,reward=1")
 
 
 def scenario_from_args(a: argparse.Namespace):
@@ -117,15 +139,38 @@ def scenario_from_args(a: argparse.Namespace):
         "sub_group_size": a.sub_group_size, "grad_accum_dtype": a.grad_accum_dtype,
         "fsdp_strategy": a.fsdp, "fsdp_cpu_offload": a.fsdp_offload,
     }
+    knobs |= _rl_knobs(a)  # issue 6: preference / RL knobs
     if a.ckpt_every and not a.ckpt:
         knobs["checkpointing"] = "every_n"
     return build_scenario(find_model(a.model), hardware, knobs, a.profile)
 
 
+def _rl_knobs(a: argparse.Namespace) -> dict:
+    """The preference / RL flags as Scenario knobs (RlConfig fields; scenario.rl_from_knobs)."""
+    gpus = None
+    if getattr(a, "role_gpus", None):
+        try:
+            gpus = {k.strip(): int(v) for k, v in (x.split("=") for x in a.role_gpus.split(","))}
+        except ValueError:
+            raise MemfitError(f"--role-gpus {a.role_gpus!r}: write role=N pairs, e.g. actor=4,critic=2") from None
+    return {"method": getattr(a, "method", None), "ref_model": getattr(a, "ref_model", None),
+            "precompute_ref_log_probs": getattr(a, "precompute_ref", None), "ref_offload": getattr(a, "ref_offload", None),
+            "reward_model": getattr(a, "reward_model", None), "reward_offload": getattr(a, "reward_offload", None),
+            "remote_reward": getattr(a, "remote_reward", None), "critic_model": getattr(a, "critic_model", None),
+            "init_kl_coef": getattr(a, "init_kl_coef", None), "colocate": getattr(a, "colocate", None),
+            "vllm_engines": getattr(a, "vllm_engines", None), "vllm_tp": getattr(a, "vllm_tp", None),
+            "vllm_gpu_memory_utilization": getattr(a, "vllm_mem", None), "vllm_sleep": getattr(a, "vllm_sleep", None),
+            "deepspeed_sleep": getattr(a, "ds_sleep", None),
+            "rollout_micro_batch": getattr(a, "rollout_micro_batch", None), "role_gpus": gpus}
+
+
 def _cmd_estimate(a) -> int:
     from memfit.estimate import estimate
 
-    result = estimate(scenario_from_args(a))
+    s = scenario_from_args(a)
+    if s.method not in ("sft", "pt"):  # issue 6: several models (policy, reference, critic, reward, vLLM)
+        from memfit.roles import estimate_roles as estimate
+    result = estimate(s)
     if a.json:
         import json
 
@@ -134,6 +179,10 @@ def _cmd_estimate(a) -> int:
         from memfit.render import print_estimate
 
         print_estimate(result)
+        if hasattr(result, "groups"):  # issue 6: per-role and per-GPU-group tables
+            from memfit.render_roles import print_roles
+
+            print_roles(result)
     return 0
 
 
@@ -153,6 +202,14 @@ def _cmd_trace(a) -> int:
 
         console = Console()
         render(result, console)
+        gpu = scenario.hardware.gpu
+        peak = result.profile.peak.total
+        if peak > gpu.memory_bytes:
+            console.print(f"[bold red]OOM[/]: the traced tensors alone ({peak / 2**30:.2f} GiB allocated, before the "
+                          f"allocator cache and CUDA context) exceed {gpu.name}'s {gpu.memory_bytes / 2**30:.2f} GiB")
+        else:
+            console.print(f"traced allocated peak {peak / 2**30:.2f} GiB of {gpu.name}'s "
+                          f"{gpu.memory_bytes / 2**30:.2f} GiB (`memfit estimate` adds cache, context and NCCL)")
         if a.compare:
             from memfit.estimate import estimate
             from memfit.render import print_comparison
@@ -198,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--compare", action="store_true", help="also print memfit's analytic estimate beside the trace")
     tr.add_argument("--json", action="store_true")
     tr.set_defaults(run=_cmd_trace)
+    from memfit.plan_cli import add_plan_command
+
+    add_plan_command(sub)
     for name, fn in (("models", _cmd_models), ("gpus", _cmd_gpus)):
         sp = sub.add_parser(name, help=f"list the {name} catalog")
         sp.add_argument("filter", nargs="?", help="substring to filter by")

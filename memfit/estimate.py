@@ -12,7 +12,7 @@ from memfit.activations import Activations, activations
 from memfit.breakdown import Breakdown, PhaseProfile
 from memfit.inventory import ParamTensor, tuned_tensors
 from memfit.scenario import Scenario
-from memfit.states import ModelStates, model_states
+from memfit.states import ModelStates, model_states, trainable_dtype_bytes
 
 TIGHT_FRACTION = 0.05  # under 5% of the card left counts as "tight"
 
@@ -89,8 +89,13 @@ def _backward(ms: ModelStates, act: Activations, runtime: int, head_grads: int) 
     base["weights"] += ms.gathered_backward
     # autocast's weight copies stay saved into backward; checkpointed layers drop theirs (recomputed)
     saved_casts = ms.autocast_cache if act.checkpointed_layers == 0 else ms.autocast_cache_head
-    start = dict(base, weights=base["weights"] + saved_casts, gradients=max(ms.grads_between_steps, head_grads),
-                 activations=act.saved_total, logits_loss=act.logits_backward_peak)
+    # the loss backward peaks before the head's weight gradient exists; when it is made, the logits'
+    # gradient is what is left of the loss buffers
+    loss_part = max(act.logits_backward_peak, act.logits_grad + head_grads)
+    start = dict(base, weights=base["weights"] + saved_casts, gradients=ms.grads_between_steps,
+                 activations=act.saved_total, logits_loss=loss_part)
+    if act.logits_grad + head_grads > act.logits_backward_peak:
+        start.update(gradients=ms.grads_between_steps + head_grads, logits_loss=act.logits_grad)
     last_layer_alive = act.layer_checkpoint if act.checkpointed_layers else act.layer_saved
     end = dict(base, gradients=max(ms.grads_after_backward, ms.grads_between_steps) + ms.grads_unreduced,
                activations=last_layer_alive + act.recompute + act.layer_backward_transient + act.shared_masks)
@@ -111,7 +116,7 @@ def _head_grads(s: Scenario, tensors: list[ParamTensor]) -> int:
     """Gradient bytes that exist as soon as backward starts: the lm_head's (when it trains)."""
     if s.engine == "deepspeed" and s.deepspeed.stage >= 2:
         return 0
-    return sum(t.total * 4 for t in tensors if t.trainable and t.kind == "lm_head") // max(
+    return sum(t.total * trainable_dtype_bytes(s, t) for t in tensors if t.trainable and t.kind == "lm_head") // max(
         1, s.world_size if s.engine == "fsdp" else 1)
 
 

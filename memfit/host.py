@@ -51,11 +51,10 @@ def host_profile(s: Scenario, tensors: list[ParamTensor], ms: ModelStates, act: 
     psi = sum(t.total for t in tensors if t.trainable)
     steady = dict(base, **_offloaded(ms, g))
     steady["activations"] = act.host_offloaded * g
-    load = dict(base, **_offloaded(ms, g))
-    load["weights"] += _load_copies(s, model_bytes)
+    # weights load before the engine exists: offload buffers are allocated later, by deepspeed.initialize
+    load = dict(base, weights=_load_copies(s, model_bytes))
+    # a DeepSpeed checkpoint writes each rank's own partitions; torch.save streams their storages
     save = dict(steady)
-    if s.engine == "deepspeed" and s.deepspeed.stage == 3:
-        save["weights"] += model_bytes  # rank 0 gathers the full 16-bit state dict to save the model
     resume = dict(steady)
     resume["optimizer_states"] += _resume_load(s, psi, model_bytes)
     return PhaseProfile({

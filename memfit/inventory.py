@@ -147,6 +147,9 @@ def base_tensors(model: ModelSpec) -> list[ParamTensor]:
         tensors += _norm_tensors(model, "embed_norm", h, 1, False)
     if model.encoder_decoder:
         tensors += _encoder_decoder_tensors(model)
+    elif model.attention == "mla":  # issue 6: DeepSeek-V2/V3 (MLA attention, dense-first layers, shared experts)
+        tensors += mla_layer_tensors(model)
+        tensors += _norm_tensors(model, "final_norm", h, 1, False)
     else:
         tensors += _layer_tensors(model, model.num_layers)
         if model.final_norm:
@@ -218,3 +221,55 @@ def tuned_tensors(model: ModelSpec, tuning: str, rank: int = 8, targets: tuple[s
     frozen = [replace(t, trainable=False, quantized=quantize and t.kind == "linear" and t.per_layer)
               for t in tensors]
     return frozen + lora_tensors(model, tensors, rank, targets, dora)
+
+
+# ---------------------------------------------------------------------------------------------- MLA (issue 6)
+# DeepSeek-V2 / V3 decoder layers: multi-head latent attention, the first `first_k_dense_replace` layers dense, the
+# rest MoE with shared experts. Source: transformers models/deepseek_v3/modeling_deepseek_v3.py (DeepseekV3Attention,
+# DeepseekV3MoE, DeepseekV3TopkRouter; V2 is the same parameter layout). Keys beyond ModelSpec live in `model.extra`.
+def _mla_attention(model: ModelSpec, count: int, prefix: str) -> list[ParamTensor]:
+    x = model.extra
+    h, heads = model.hidden_size, model.num_heads
+    rope, nope, v = x["qk_rope_head_dim"], x["qk_nope_head_dim"], x["v_head_dim"]
+    q_rank, kv_rank = x.get("q_lora_rank") or 0, x["kv_lora_rank"]
+    out: list[ParamTensor] = []
+
+    def linear(name: str, fan_in: int, fan_out: int, bias: bool = False) -> None:
+        out.append(ParamTensor(f"{prefix}{name}.weight", fan_in * fan_out, count, "linear", name, fan_in, fan_out,
+                               per_layer=True))
+        if bias:
+            out.append(ParamTensor(f"{prefix}{name}.bias", fan_out, count, "bias", name, per_layer=True))
+
+    if q_rank:
+        linear("q_a_proj", h, q_rank, model.qkv_bias)
+        out.append(ParamTensor(f"{prefix}q_a_layernorm.weight", q_rank, count, "norm", "q_a_layernorm", per_layer=True))
+        linear("q_b_proj", q_rank, heads * (nope + rope))
+    else:
+        linear("q_proj", h, heads * (nope + rope))
+    linear("kv_a_proj_with_mqa", h, kv_rank + rope, model.qkv_bias)
+    out.append(ParamTensor(f"{prefix}kv_a_layernorm.weight", kv_rank, count, "norm", "kv_a_layernorm", per_layer=True))
+    linear("kv_b_proj", kv_rank, heads * (nope + v))
+    linear("o_proj", heads * v, h, model.o_bias)
+    return out
+
+
+def mla_layer_tensors(model: ModelSpec) -> list[ParamTensor]:
+    """Every decoder layer of a DeepSeek-V2/V3 model (attention = "mla")."""
+    layers, h, x = model.num_layers, model.hidden_size, model.extra
+    dense = min(x.get("first_k_dense_replace", 0), layers) if model.is_moe else layers
+    moe = layers - dense
+    names = model.linear_names
+    tensors = _mla_attention(model, layers, "layers.*.attn.")
+    if dense:
+        tensors += _linears(model, names, MLP_ROLES, model.intermediate_size, "dense_layers.*.mlp.", dense)
+    if moe:
+        ffn = model.moe_intermediate_size or model.intermediate_size
+        tensors += _linears(model, names, MLP_ROLES, ffn, "moe_layers.*.experts.*.", moe * model.num_experts)
+        tensors.append(ParamTensor("moe_layers.*.router.weight", h * model.num_experts, moe, "router", "gate", h,
+                                   model.num_experts, per_layer=True))
+        shared = model.shared_expert_intermediate_size or x.get("n_shared_experts", 0) * ffn
+        if shared:
+            tensors += _linears(model, names, MLP_ROLES, shared, "moe_layers.*.shared_experts.", moe)
+    for i in range(model.norms_per_layer):
+        tensors += _norm_tensors(model, f"layers.*.norm{i}", h, layers, True)
+    return tensors

@@ -10,7 +10,7 @@ from functools import cache
 
 from memfit.catalog import HERE, ModelSpec
 from memfit.errors import MemfitError
-from memfit.scenario import DeepSpeedConfig, FsdpConfig, Hardware, LoraConfig, Scenario
+from memfit.scenario import DeepSpeedConfig, FsdpConfig, Hardware, LoraConfig, Scenario, rl_from_knobs
 
 SCENARIO_KEYS = ("checkpointing", "reentrant", "attention", "precision", "adapter_dtype", "autocast", "optimizer",
                  "loss", "padding", "low_cpu_mem_usage", "kbit_upcast")
@@ -97,6 +97,7 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs: dict, profile_na
         double_quant=knobs.get("double_quant", True), 
         freeze_trainable_layers=knobs.get("freeze_trainable_layers", 2), method=knobs.get("method", "sft"),
         profile=profile_name, assumed=tuple(assumed), **values,
+        rl=rl_from_knobs(knobs, knobs.get("method", "sft")),  # issue 6: preference / RL knobs (roles.py)
     )
 
 

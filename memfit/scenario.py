@@ -5,7 +5,7 @@ Nothing here computes memory.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from memfit.catalog import GpuSpec, ModelSpec
 from memfit.errors import MemfitError
@@ -30,6 +30,11 @@ LOSSES = ("standard", "liger", "chunked_nll", "chunked_output")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 FSDP_STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "no_shard")
 LORA_ROLES = ("q", "k", "v", "o", "gate", "up", "down", "fc", "proj")
+# Training methods. sft/pt train one model; the rest run several (memfit/roles.py, catalog/methods.toml).
+SINGLE_MODEL_METHODS = ("sft", "pt")
+MULTI_MODEL_METHODS = ("dpo", "ipo", "kto", "orpo", "simpo", "rm", "ppo", "grpo")
+METHODS = SINGLE_MODEL_METHODS + MULTI_MODEL_METHODS
+COLOCATIONS = ("none", "actor-ref", "critic-reward", "actor-ref+critic-reward", "all")
 
 
 def _require(ok: bool, message: str) -> None:
@@ -141,6 +146,62 @@ class FsdpConfig:
 
 
 @dataclass(frozen=True)
+class RlConfig:
+    """Knobs of preference / RL runs with several models (issue 6; memfit/roles.py reads them).
+
+    Names follow OpenRLHF (legacy / dotted flag in the comment) and TRL where they differ. None = the
+    framework's default, resolved in roles.py. The planner may vary any of these."""
+
+    ref_model: str | None = None  # catalog name of the reference model; None = same as the policy
+    precompute_ref_log_probs: bool = False  # TRL precompute_ref_log_probs: no reference model while training
+    ref_offload: bool = False  # --ref_offload / --ref.offload (--ref_reward_offload v0.9): ZeRO-3 only
+    reward_model: str | None = None  # PPO/GRPO reward model (None = same architecture as the policy)
+    reward_offload: bool = False  # --reward.offload (--ref_reward_offload v0.9): ZeRO-3 only
+    remote_reward: bool = False  # --remote_rm_url / --reward.remote_url (or a rule reward): no reward model
+    critic_model: str | None = None  # PPO critic (None = the reward model's architecture, as OpenRLHF does)
+    init_kl_coef: float = 0.01  # --init_kl_coef / --algo.kl.init_coef: the reference exists only when > 0
+    colocate: str = "none"  # --colocate_actor_ref / --colocate_critic_reward / --colocate_all_models
+    vllm_engines: int | None = None  # --vllm_num_engines / --vllm.num_engines (None = one per GPU / tp)
+    vllm_tp: int = 1  # --vllm_tensor_parallel_size / --vllm.tensor_parallel_size
+    vllm_gpu_memory_utilization: float = 0.95  # --vllm_gpu_memory_utilization / --vllm.gpu_memory_utilization
+    vllm_sleep: bool = False  # --vllm_enable_sleep / --vllm.enable_sleep (level 1: weights to host, KV dropped)
+    deepspeed_sleep: bool = False  # --deepspeed_enable_sleep / --ds.enable_sleep: optimizer etc. to host
+    rollout_micro_batch: int | None = None  # --micro_rollout_batch_size / --rollout.micro_batch_size
+    role_gpus: tuple[tuple[str, int], ...] = ()  # GPUs per role group when not colocated, e.g. (("critic", 4),)
+
+    def __post_init__(self) -> None:
+        _one_of("--colocate", self.colocate, COLOCATIONS)
+        _positive("--vllm-tp", self.vllm_tp)
+        _require(0.0 < self.vllm_gpu_memory_utilization <= 1.0,
+                 f"--vllm-mem (gpu_memory_utilization) must be in (0, 1], got {self.vllm_gpu_memory_utilization}")
+        _require(self.init_kl_coef >= 0, f"--init-kl-coef must be >= 0, got {self.init_kl_coef}")
+        if self.vllm_engines is not None:
+            _require(isinstance(self.vllm_engines, int) and self.vllm_engines >= 0,
+                     f"--vllm-engines must be >= 0, got {self.vllm_engines!r}")
+        if self.rollout_micro_batch is not None:
+            _positive("--rollout-micro-batch", self.rollout_micro_batch)
+        for role, n in self.role_gpus:
+            _one_of("--role-gpus role", role, ("actor", "ref", "critic", "reward"))
+            _positive(f"--role-gpus {role}", n)
+
+
+# Flat knob names (CLI, importers, planner) -> RlConfig fields; build_scenario collects them.
+RL_KEYS = tuple(f.name for f in fields(RlConfig))
+
+
+def rl_from_knobs(knobs: dict, method: str) -> RlConfig | None:
+    """The RlConfig of a multi-model method from flat knobs (None for sft/pt, which never carry one)."""
+    given = {k: knobs[k] for k in RL_KEYS if knobs.get(k) is not None}
+    if method in SINGLE_MODEL_METHODS:
+        _require(not given, f"{', '.join(sorted(given))} only apply to preference / RL methods "
+                            f"({', '.join(MULTI_MODEL_METHODS)}); add --method")
+        return None
+    if "role_gpus" in given and isinstance(given["role_gpus"], dict):
+        given["role_gpus"] = tuple(sorted(given["role_gpus"].items()))
+    return RlConfig(**given)
+
+
+@dataclass(frozen=True)
 class Scenario:
     model: ModelSpec
     hardware: Hardware
@@ -169,6 +230,7 @@ class Scenario:
     kbit_upcast: bool = False  # PEFT prepare_model_for_kbit_training: non-4-bit params to fp32 (knobs D)
     low_cpu_mem_usage: bool = True
     profile: str = "hf-trainer"
+    rl: RlConfig | None = None  # preference / RL knobs (issue 6); None for sft / pt
     assumed: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
@@ -181,7 +243,7 @@ class Scenario:
         _one_of("--attn", self.attention, ATTENTIONS)
         _one_of("--padding", self.padding, PADDINGS)
         _one_of("--loss", self.loss, LOSSES)
-        _one_of("--method", self.method, ("sft", "pt"))
+        _one_of("--method", self.method, METHODS)
         for name, value in (("--micro-batch", self.micro_batch), ("--seq", self.seq_len),
                             ("--grad-accum", self.grad_accum), ("--ckpt-every", self.checkpoint_every_n)):
             _positive(name, value)
@@ -190,6 +252,9 @@ class Scenario:
     def _check_combinations(self) -> None:
         if self.tuning in ("lora", "qlora"):
             _require(self.lora is not None, "LoRA tuning needs LoRA settings (rank, targets)")
+        if self.rl is not None:
+            _require(self.method in MULTI_MODEL_METHODS,
+                     f"preference / RL settings need a multi-model --method ({', '.join(MULTI_MODEL_METHODS)})")
         if self.engine == "deepspeed":
             _require(self.deepspeed is not None, "engine deepspeed needs a ZeRO stage (--zero 0..3)")
         if self.engine == "fsdp":

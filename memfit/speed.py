@@ -37,6 +37,10 @@ Once per step:
 
 Throughput counts real tokens: a padded batch of several rows is `padded_fill` real tokens, packed and
 padding-free batches are full. Tokens per second are for the whole job (all GPUs).
+
+Not modeled (equal for the configurations a plan compares, or outside its search): kernel-launch and
+Python overheads, the data loader, torch.compile, tensor / pipeline / sequence parallelism, MoE
+all-to-all, generation (vLLM) and the extra models of preference / RL methods.
 """
 from __future__ import annotations
 
@@ -71,7 +75,7 @@ class StepTime:
 
 
 @dataclass(frozen=True)
-class _Params:
+class ParamCounts:
     """Parameter counts the FLOP and traffic terms need (MoE experts scaled to the active share)."""
 
     layer_matmul: int  # active Linear weights inside decoder layers
@@ -86,7 +90,7 @@ class _Params:
 
 
 @cache
-def _params(model: ModelSpec, tuning: str, lora: LoraConfig | None, trainable_layers: int) -> _Params:
+def param_counts(model: ModelSpec, tuning: str, lora: LoraConfig | None, trainable_layers: int) -> ParamCounts:
     tensors = tuned_tensors(model, tuning, lora.rank if lora else 8, lora.targets if lora else (),
                             lora.dora if lora else False, trainable_layers)
     expert_share = model.experts_per_token / model.num_experts if model.is_moe else 1.0
@@ -98,7 +102,7 @@ def _params(model: ModelSpec, tuning: str, lora: LoraConfig | None, trainable_la
     head_trainable = any(t.trainable for t in tensors if t.kind == "lm_head" or
                          (model.tie_embeddings and t.kind == "embedding" and t.module == "embed_tokens"))
     fraction = trainable_layers / model.num_layers if tuning == "freeze" else 1.0
-    return _Params(
+    return ParamCounts(
         layer_matmul=int(sum(active(t) for t in layer)),
         layer_matmul_trainable=int(sum(active(t) for t in layer if t.trainable)),
         head=model.vocab_size * model.hidden_size,
@@ -140,7 +144,7 @@ def _rates(s: Scenario) -> tuple[float, float]:
     return flops, bandwidth
 
 
-def _micro_compute(s: Scenario, p: _Params) -> dict[str, float]:
+def _micro_compute(s: Scenario, p: ParamCounts) -> dict[str, float]:
     """Seconds of GPU work in one micro-step: matmuls, attention, recompute, memory-bound kernels."""
     a = assumptions()
     flop_rate, bandwidth = _rates(s)
@@ -214,7 +218,7 @@ def _grad_bytes(s: Scenario) -> int:
     return 2
 
 
-def _collectives(s: Scenario, p: _Params) -> tuple[float, float]:
+def _collectives(s: Scenario, p: ParamCounts) -> tuple[float, float]:
     """(seconds per micro-step, seconds per step) of exposed collective traffic."""
     n = s.world_size
     if n == 1:
@@ -225,9 +229,7 @@ def _collectives(s: Scenario, p: _Params) -> tuple[float, float]:
     weights = p.quantized * NF4_BYTES + (p.total - p.quantized) * s.compute_bytes
     grads = p.trainable * _grad_bytes(s)
     per_micro = per_step = 0.0
-    if kind in ("ddp", "zero0", "no_shard"):
-        per_step = 2 * grads
-    elif kind == "zero1":
+    if kind in ("ddp", "zero0", "no_shard", "zero1"):  # all-reduce, or reduce-scatter + all-gather
         per_step = 2 * grads
     elif kind == "zero2":
         per_micro, per_step = grads, grads
@@ -253,7 +255,7 @@ def _ratio_gpu_share(s: Scenario, psi: int) -> float:
     return int((1 - ds.ratio) * groups) / groups
 
 
-def _optimizer_and_offload(s: Scenario, p: _Params, bandwidth: float) -> tuple[dict[str, float], dict[str, float]]:
+def _optimizer_and_offload(s: Scenario, p: ParamCounts, bandwidth: float) -> tuple[dict[str, float], dict[str, float]]:
     """(per micro-step, per step) seconds of optimizer work and host transfers."""
     a = assumptions()
     o = a["offload"]
@@ -272,15 +274,15 @@ def _optimizer_and_offload(s: Scenario, p: _Params, bandwidth: float) -> tuple[d
         micro["offload_transfer"] = local * host_share * 2 / link * o["exposed_transfer"]  # bf16 grads down
         step["offload_transfer"] = local * host_share * 2 / link  # updated bf16 params up
         step["cpu_optimizer"] = p.trainable * host_share * g / n / o["cpu_adam_params_per_second"]
-        if ds.offload_param != "none":
-            fetch = 2 * (p.total / n) * s.compute_bytes / _host_link(s, True)  # always pinned (states.py)
-            micro["offload_transfer"] += fetch * o["exposed_param_fetch"]
     elif s.engine == "fsdp" and s.fsdp.cpu_offload:
         host_share = 1.0
         link = _host_link(s, True)
         fetch = 2 * (p.total / n) * s.compute_bytes / link * o["exposed_param_fetch"]
         micro["offload_transfer"] = fetch + local * 4 / link * o["exposed_transfer"]
         step["cpu_optimizer"] = p.trainable * g / n / o["torch_cpu_adam_params_per_second"]
+    if s.engine == "deepspeed" and s.deepspeed.offload_param != "none":
+        fetch = 2 * (p.total / n) * s.compute_bytes / _host_link(s, True)  # always pinned (states.py)
+        micro["offload_transfer"] = micro.get("offload_transfer", 0.0) + fetch * o["exposed_param_fetch"]
     gpu_step = local * (1.0 - host_share) * gpu_bytes / bandwidth
     if s.optimizer_in_backward:
         gpu_step *= 1.0 - a["optimizer"]["in_backward_hidden"]
@@ -294,7 +296,7 @@ def _optimizer_and_offload(s: Scenario, p: _Params, bandwidth: float) -> tuple[d
 
 
 def step_time(s: Scenario) -> StepTime:
-    p = _params(s.model, s.tuning, s.lora, s.freeze_trainable_layers)
+    p = param_counts(s.model, s.tuning, s.lora, s.freeze_trainable_layers)
     _, bandwidth = _rates(s)
     micro = _micro_compute(s, p)
     comm_micro, comm_step = _collectives(s, p)

@@ -282,6 +282,10 @@ def _zero3_states(s, tensors, psi, phi, frozen, lp, accum, gpu_share) -> ModelSt
     ms.grads_unreduced = _largest_module([t for t in tensors if t.trainable]) * lp
     ms.engine_buffers = ds.reduce_bucket_size * lp  # one IPG buffer in stage 3
     sub = min(ds.sub_group_size, part)
+    if ds.offload_param != "none":
+        ms.host.append(HostBuffer("bf16 param partitions (offload_param, always pinned)", int((frozen + psi * lp) / n),
+                                  True))
+        ms.weights = persistent * lp
     if ds.offload_optimizer == "none":
         ms.grads_between_steps = ms.grads_after_backward = part * accum
         ms.optimizer = 12 * part
@@ -292,7 +296,7 @@ def _zero3_states(s, tensors, psi, phi, frozen, lp, accum, gpu_share) -> ModelSt
     host_part = part - gpu_part
     ms.optimizer = 16 * gpu_part  # master + m + v + fp32 grad of the GPU-resident sub-groups
     ms.step_temporaries = 6 * min(sub, gpu_part) if gpu_part else 0
-    ms.host = [
+    ms.host += [
         HostBuffer("grad partition buffer (stage3 grad_partitions_flat_buffer)", part * accum, ds.pin_memory),
         HostBuffer("fp32 master weights (offloaded sub-groups)", 4 * host_part, ds.pin_memory),
         HostBuffer("fp32 gradients (offloaded sub-groups)", 4 * host_part, ds.pin_memory),
@@ -300,10 +304,6 @@ def _zero3_states(s, tensors, psi, phi, frozen, lp, accum, gpu_share) -> ModelSt
     ]
     if ds.pin_memory:
         ms.host = _split_by_subgroup(ms.host, sub)
-    if ds.offload_param != "none":
-        ms.host.append(HostBuffer("bf16 param partitions (offload_param, always pinned)", int((frozen + psi * lp) / n),
-                                  True))
-        ms.weights = persistent * lp
     return ms
 
 

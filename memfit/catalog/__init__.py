@@ -31,6 +31,9 @@ ARCH_DEFAULTS: dict = {
     "attention": "mha",
     "encoder_decoder": False,
     "final_norm": True,
+    "norm_fp32_scale": False,
+    "attn_softcap": False,
+    "logit_softcap": False,
 }
 
 
@@ -71,6 +74,9 @@ class ModelSpec:
     attention: str = "mha"
     encoder_decoder: bool = False
     final_norm: bool = True
+    norm_fp32_scale: bool = False
+    attn_softcap: bool = False
+    logit_softcap: bool = False
     linear_names: dict = field(default_factory=dict, compare=False, hash=False)
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 

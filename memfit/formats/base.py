@@ -193,8 +193,9 @@ def cannot(imported: ImportedConfig, knob: str, value, why: str = "") -> MemfitE
 
 def read_text(path_or_text, what: str) -> tuple[str, Path | None]:
     """A path (str or Path) to read, or the text itself (anything with a newline or a brace)."""
-    if isinstance(path_or_text, Path) or (isinstance(path_or_text, str) and "\n" not in path_or_text
-                                         and not path_or_text.lstrip().startswith(("{", "-", "openrlhf"))):
+    looks_like_text = isinstance(path_or_text, str) and (
+        "\n" in path_or_text or path_or_text.lstrip().startswith("{") or " --" in path_or_text or ": " in path_or_text)
+    if isinstance(path_or_text, Path) or not looks_like_text:
         path = Path(path_or_text)
         try:
             return path.read_text(encoding="utf-8"), path

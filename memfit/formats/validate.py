@@ -159,8 +159,11 @@ def validate_deepspeed(text: str, world_size: int = 1):
         get_sequence_parallel_world_size = get_model_parallel_world_size
         get_sequence_data_parallel_world_size = get_data_parallel_world_size
 
-    try:
-        return DeepSpeedConfig(config, mpu=_Mpu())
+    from unittest import mock
+
+    try:  # no process group here: say rank 0, and let the mpu tell the data-parallel world size
+        with mock.patch("deepspeed.runtime.config.dist.get_rank", return_value=0):
+            return DeepSpeedConfig(config, mpu=_Mpu())
     except Exception as e:  # pydantic ValidationError, DeepSpeed's AssertionError: the framework's word
         raise ValidationFailed(f"DeepSpeed: {type(e).__name__}: {e}") from e
 
@@ -170,19 +173,21 @@ def validate_deepspeed(text: str, world_size: int = 1):
 def hf_table() -> dict:
     import transformers
     import trl
-    from trl import DPOConfig, ModelConfig, ScriptArguments, SFTConfig
+    from trl import DatasetMixtureConfig, DPOConfig, ModelConfig, ScriptArguments, SFTConfig
 
     return {"source": f"transformers {transformers.__version__}, trl {trl.__version__}",
             "TrainingArguments": dataclass_table(transformers.TrainingArguments),
             "SFTConfig": dataclass_table(SFTConfig), "DPOConfig": dataclass_table(DPOConfig),
-            "ModelConfig": dataclass_table(ModelConfig), "ScriptArguments": dataclass_table(ScriptArguments)}
+            "ModelConfig": dataclass_table(ModelConfig), "ScriptArguments": dataclass_table(ScriptArguments),
+            "DatasetMixtureConfig": dataclass_table(DatasetMixtureConfig)}
 
 
 def validate_hf(text: str, variant: str = "training_args", cpu: bool = True):
     """transformers' / TRL's own argument classes, as `trl sft --config F` or `HfArgumentParser` read a file.
 
-    TRL script configs mix ScriptArguments, the trainer config and ModelConfig in one file, so the
-    parser gets all three, with `allow_extra_keys=False` (an unknown key is an error, as in TRL).
+    TRL script configs mix ScriptArguments, the trainer config, ModelConfig and DatasetMixtureConfig
+    in one file: the parser gets the same four classes as `trl/scripts/sft.py` / `dpo.py`, with
+    `allow_extra_keys=False` (an unknown key is an error, as in TRL).
     `use_cpu=True` is added (never to the file) so bf16 passes on a machine without a GPU.
     """
     import yaml
@@ -192,17 +197,18 @@ def validate_hf(text: str, variant: str = "training_args", cpu: bool = True):
     if variant == "training_args":
         classes = (TrainingArguments,)
     else:
-        from trl import DPOConfig, ModelConfig, ScriptArguments, SFTConfig
+        from trl import DatasetMixtureConfig, DPOConfig, ModelConfig, ScriptArguments, SFTConfig, TrlParser
 
-        classes = (ScriptArguments, SFTConfig if variant == "sft" else DPOConfig, ModelConfig)
+        classes = (ScriptArguments, SFTConfig if variant == "sft" else DPOConfig, ModelConfig, DatasetMixtureConfig)
     doc = dict(doc)
     doc.setdefault("output_dir", "/tmp/memfit-validate")
     if isinstance(doc.get("deepspeed"), str):  # a path relative to the file: the caller passes the dict instead
         doc.pop("deepspeed")
     if cpu:
         doc["use_cpu"] = True
+    parser = HfArgumentParser(classes) if variant == "training_args" else TrlParser(classes)
     try:
-        return HfArgumentParser(classes).parse_dict(doc, allow_extra_keys=False)
+        return parser.parse_dict(doc, allow_extra_keys=False)
     except Exception as e:
         raise ValidationFailed(f"{classes[-1 if len(classes) == 1 else 1].__name__}: {type(e).__name__}: {e}") from e
 
@@ -259,7 +265,7 @@ if sys.argv[2] == "table":
     import llamafactory
     sys.path.insert(0, sys.argv[3])
     from memfit.formats.validate import dataclass_table
-    print(json.dumps({"version": llamafactory.__version__, "fields": {c.__name__: dataclass_table(c)
+    print("MEMFIT-RESULT " + json.dumps({"version": llamafactory.__version__, "fields": {c.__name__: dataclass_table(c)
         for c in (ModelArguments, DataArguments, TrainingArguments, FinetuningArguments, GeneratingArguments)}}))
     sys.exit(0)
 from llamafactory.hparams import get_train_args
@@ -321,13 +327,16 @@ def validate_llamafactory(text: str, base_dir: Path | None = None) -> dict:
     doc = yaml.safe_load(text)
     doc["use_cpu"] = True
     doc.setdefault("output_dir", "/tmp/memfit-validate")
-    out = _run_lf(doc, "parse", cwd=base_dir)
-    line = next(x for x in out.splitlines() if x.startswith("MEMFIT-RESULT "))
+    return _result(_run_lf(doc, "parse", cwd=base_dir))
+
+
+def _result(stdout: str):
+    line = next(x for x in stdout.splitlines() if x.startswith("MEMFIT-RESULT "))
     return json.loads(line[len("MEMFIT-RESULT "):])
 
 
 def llamafactory_table() -> dict:
-    out = json.loads(_run_lf({}, "table"))
+    out = _result(_run_lf({}, "table"))
     return {"source": f"llamafactory {out['version']}", **out["fields"]}
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from memfit.measure.result import MeasureResult, NamedBuffer, RankMeasurement
 
-__all__ = ["MeasureResult", "NamedBuffer", "RankMeasurement", "run_measure", "run_batch", "render", "plan"]
+__all__ = ["MeasureResult", "NamedBuffer", "RankMeasurement", "plan", "render", "run_batch", "run_measure"]
 
 
 def run_measure(scenario, steps: int = 3, model_dir: str | None = None, **kwargs) -> MeasureResult:

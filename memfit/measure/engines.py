@@ -81,7 +81,9 @@ class Runner:
         then moves it) unless `init_context` (zero.Init) places them on the device directly."""
         self.tk.context = "build" if side == "host" else None
         try:
-            model, self.autocast, self.notes = build_model(self.s, self.device, init_context, self.model_dir)
+            # built on the CPU like a training script does (zero.Init places partitions itself); the
+            # engine (or wrap) moves it to the device
+            model, self.autocast, self.notes = build_model(self.s, "cpu", init_context, self.model_dir)
         finally:
             self.tk.context = None
         self._install_hooks(model)
@@ -115,9 +117,9 @@ class Runner:
         for name, p in module.named_parameters():
             if id(p) in skip:
                 continue
-            self.tk.claim(p.data if not hasattr(p, "_local_tensor") else p, "weights", side, "module.params", learn=False)
+            self.tk.claim(p.data if not hasattr(p, "_local_tensor") else p, "weights", side, "module.params")
         for name, b in module.named_buffers():
-            self.tk.claim(b, "weights", side, "module.buffers", learn=False)
+            self.tk.claim(b, "weights", side, "module.buffers")
 
     def claim_grads(self, module, side="device", name="param.grad"):
         for p in module.parameters():
@@ -145,6 +147,13 @@ class DeepSpeedRunner(Runner):
         s = self.s
         self.config = deepspeed_config(s)
         ds = s.deepspeed
+        offload = "host" if ds.offload_optimizer != "none" else "device"
+        self.tk.rules[:0] = [
+            # fp32 grad scratch of the largest sub-group, made on the optimizer's device at init (freed at
+            # the end of init without offload; with offload each sub-group then gets its own buffer)
+            ("stage3.py:initialize_optimizer_states", "gradients", offload),
+            ("stage_1_and_2.py:initialize_optimizer_states", "gradients", offload),
+        ]
         init_context = None
         if ds.stage == 3 and ds.zero3_init:
             init_context = deepspeed.zero.Init(config_dict_or_path=self.config, dtype=compute_dtype(s))
@@ -289,7 +298,9 @@ def _clear_zero3_release_cache() -> None:
     """PartitionedParameterCoordinator.__params_to_release is a class-level functools.lru_cache keyed by
     (coordinator, module, step): it keeps every ZeRO-3 coordinator, and through it the model and its
     partitions, alive after engine.destroy() (DeepSpeed 0.19.8)."""
-    from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
+    from deepspeed.runtime.zero.partitioned_param_coordinator import (
+        PartitionedParameterCoordinator,
+    )
 
     fn = PartitionedParameterCoordinator.__dict__.get("_PartitionedParameterCoordinator__params_to_release")
     while fn is not None:
@@ -320,6 +331,8 @@ class TorchRunner(Runner):
     def build(self):
         s = self.s
         self.model = self._build()
+        if self.device != "cpu" and s.engine != "fsdp":  # fully_shard moves the shards to the mesh device
+            self.model.to(self.device)
         self.module = self.wrap(self.model)
         params = [p for p in self.module.parameters() if p.requires_grad]
         if s.optimizer == "sgd":
@@ -333,7 +346,7 @@ class TorchRunner(Runner):
 
     def engine_forward(self, batch):
         if self.autocast is not None:
-            with torch.autocast("cpu", dtype=self.autocast):
+            with torch.autocast(self.device, dtype=self.autocast):
                 return self.module(**batch)
         return self.module(**batch)
 
@@ -380,12 +393,16 @@ class DdpRunner(TorchRunner):
     def wrap(self, model):
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model)
+        return DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if self.device == "cuda" else None)
 
 
 class FsdpRunner(TorchRunner):
     def wrap(self, model):
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import (
+            CPUOffloadPolicy,
+            MixedPrecisionPolicy,
+            fully_shard,
+        )
 
         s = self.s
         kwargs = {}
@@ -466,7 +483,9 @@ def install_patches(get_tracker) -> None:
         pass
     try:
         from deepspeed.accelerator import get_accelerator
-        from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+        from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import (
+            TorchCheckpointEngine,
+        )
     except ImportError:
         return
     acc = get_accelerator()

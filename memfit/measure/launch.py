@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import socket
 import subprocess
 import sys
@@ -125,9 +126,11 @@ def run_batch(scenarios: list[Scenario], steps: int = 3, model_dir: str | None =
     _launch(world, workdir, timeout, threads)
     results = []
     for i, (s, (_, used_instead)) in enumerate(zip(scenarios, plans)):
-        results.append(_collect(i, s, world, steps, used_instead, workdir))
+        results.append(_collect(i, s, world, steps, used_instead, workdir))  # raises with the logs kept
     for r in results:
         r.wall_seconds = r.wall_seconds or (time.time() - started) / len(results)
+    if keep_dir is None:
+        shutil.rmtree(workdir, ignore_errors=True)
     return results
 
 
@@ -148,7 +151,7 @@ def _launch(world: int, workdir: Path, timeout: float, threads: int) -> None:
                    MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="65536",
                    PYTHONPATH=os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
                    PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false", TRANSFORMERS_VERBOSITY="error")
-        log = open(workdir / f"rank{rank}.log", "w")
+        log = open(workdir / f"rank{rank}.log", "w")  # noqa: SIM115 - closed in the finally below
         procs.append((subprocess.Popen([sys.executable, "-m", "memfit.measure.worker", str(workdir / "jobs.pkl"),
                                         str(workdir)], env=env, stdout=log, stderr=subprocess.STDOUT), log))
     deadline = time.time() + timeout

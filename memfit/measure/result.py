@@ -58,7 +58,7 @@ class RankMeasurement:
         }
 
     @classmethod
-    def from_json(cls, data: dict) -> "RankMeasurement":
+    def from_json(cls, data: dict) -> RankMeasurement:
         return cls(
             rank=data["rank"],
             device=_profile_from_json(data["device"]),
@@ -125,7 +125,7 @@ class MeasureResult:
         return json.dumps(self.to_json(), indent=1)
 
     @classmethod
-    def from_json(cls, data: dict) -> "MeasureResult":
+    def from_json(cls, data: dict) -> MeasureResult:
         return cls(
             engine=data["engine"],
             world_size=data["world_size"],

@@ -63,6 +63,11 @@ SITE_RULES: list[tuple[str, str, str]] = [
     ("stage_1_and_2.py:setup_buckets", "engine_buffers", "device"),  # IPG bucket(s), made at the first grad hook
     ("stage_1_and_2.py:initialize_optimizer_states", "gradients", "device"),  # fp32 grad partition (init)
     ("fp16/fused_optimizer.py:", "gradients", "device"),  # fp32 flat grads built in step / dummy init step
+    # ZeRO-1/2 offload grad hooks: fp32 copies of a param's grad slice on their way to the host buffer
+    ("stage_1_and_2.py:async_inplace_copy_grad_to_fp32_buffer_from_gpu", "gradients", "device"),
+    ("stage_1_and_2.py:set_norm_for_param_grad", "gradients", "device"),
+    ("stage_1_and_2.py:async_accumulate_grad_in_cpu_via_gpu", "gradients", "device"),
+    ("stage_1_and_2.py:_restore_cpu_offload_grad_to_gpu", "gradients", "device"),
     ("stage3.py:_prepare_fp32_grad_for_sub_group", "gradients", "device"),
     ("stage3.py:__avg_scatter", "engine_buffers", "device"),
     ("stage3.py:_constant_buffered_norm2", "engine_buffers", "device"),
@@ -100,6 +105,8 @@ class MemoryTracker(TorchDispatchMode):
         self.side_total = {"device": 0, "host": 0}
         self.site_live: dict[tuple[str, str], int] = defaultdict(int)  # (side, "category|site") -> bytes
         self.learned: dict[str, tuple[str, str]] = {}
+        self.ambiguous: set[str] = set()  # sites claimed with two different labels: never learned
+        self.rules = list(SITE_RULES)  # runners prepend rules that depend on the engine's configuration
         self.context: str | None = None  # "logits" inside LM head + loss; "build" while constructing a model
         self.phase = "load"
         self.step = 0
@@ -173,7 +180,7 @@ class MemoryTracker(TorchDispatchMode):
             return self.learned[site]
         head = site.split(" < ", 1)[0]
         for text in (head, site):
-            for pattern, category, side in SITE_RULES:
+            for pattern, category, side in self.rules:
                 if pattern in text:
                     return category, side
         if self.context == "logits":
@@ -214,8 +221,7 @@ class MemoryTracker(TorchDispatchMode):
         self._check_peak()
 
     def _check_peak(self, relabel: bool = False) -> None:
-        if self.pinned_live > self.pinned_peak:
-            self.pinned_peak = self.pinned_live
+        self.pinned_peak = max(self.pinned_peak, self.pinned_live)
         if not self.record:
             return
         for side in SIDES:
@@ -250,7 +256,8 @@ class MemoryTracker(TorchDispatchMode):
         except (RuntimeError, NotImplementedError):
             return
         record = self.claimed.setdefault(f"{name}@{side}", {"name": name, "category": category, "side": side, "tensors": {}})
-        record["tensors"][id(tensor)] = (key, tensor.numel() * tensor.element_size(), str(tensor.dtype).replace("torch.", ""))
+        view = (key, tensor.storage_offset(), tensor.numel())  # not id(): `p.data` is a new object each call
+        record["tensors"][view] = (key, tensor.numel() * tensor.element_size(), str(tensor.dtype).replace("torch.", ""))
         entry = self.entries.get(key)
         if entry is None and nbytes == 0:
             return
@@ -265,7 +272,13 @@ class MemoryTracker(TorchDispatchMode):
             self._count(entry, +1)
         entry.sticky, entry.name = True, f"{name}@{side}"
         if learn and entry.site.startswith(LEARNABLE) and not any(x in entry.site.split(" < ")[0] for x in NOT_LEARNABLE):
-            self.learned[entry.site] = (category, side)
+            known = self.learned.get(entry.site)
+            if entry.site in self.ambiguous or (known is not None and known != (category, side)):
+                # one line of code making objects of two kinds (ZeRO-3 sub-groups on device and on host)
+                self.ambiguous.add(entry.site)
+                self.learned.pop(entry.site, None)
+            else:
+                self.learned[entry.site] = (category, side)
         self._check_peak(relabel=True)
 
     def soft_claim(self, tensor, category: str, side: str) -> None:

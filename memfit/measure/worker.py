@@ -14,8 +14,8 @@ import pickle
 import shutil
 import sys
 import time
-from datetime import timedelta
 import traceback
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -65,6 +65,65 @@ class Rss:
             self._phase = None
 
 
+class CudaProbe:
+    """On CUDA: torch's peak allocated / reserved per phase and NVML's device-used at the phase end.
+
+    Written for GPU machines; a CPU run never creates one. allocated ~ the tracker's device total,
+    reserved adds the caching allocator's cache, NVML adds CUDA context, NCCL and other non-torch memory.
+    """
+
+    def __init__(self, local_rank: int):
+        self.device = torch.device("cuda", local_rank)
+        self.phases: dict[str, dict[str, int]] = {}
+        self._phase = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(local_rank)
+        except Exception:  # noqa: BLE001 - NVML missing or broken: allocated/reserved still work
+            self._nvml = None
+
+    def begin(self, phase: str) -> None:
+        self.end()
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self._phase = phase
+
+    def end(self) -> None:
+        if self._phase is None:
+            return
+        torch.cuda.synchronize(self.device)
+        row = self.phases.setdefault(self._phase, {"max_allocated": 0, "max_reserved": 0, "nvml_used": 0})
+        row["max_allocated"] = max(row["max_allocated"], torch.cuda.max_memory_allocated(self.device))
+        row["max_reserved"] = max(row["max_reserved"], torch.cuda.max_memory_reserved(self.device))
+        if self._nvml is not None:
+            row["nvml_used"] = max(row["nvml_used"], int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used))
+        self._phase = None
+
+
+class Probes:
+    """RSS always; CUDA counters when there is a GPU. Same begin/end/point calls for both."""
+
+    def __init__(self, cuda: CudaProbe | None):
+        self.rss = Rss()
+        self.cuda = cuda
+
+    def begin(self, phase: str) -> None:
+        self.rss.begin(phase)
+        if self.cuda is not None:
+            self.cuda.begin(phase)
+
+    def end(self) -> None:
+        self.rss.end()
+        if self.cuda is not None:
+            self.cuda.end()
+
+    def point(self, name: str) -> None:
+        self.rss.point(name)
+
+
 def _trim() -> None:
     gc.collect()
     try:
@@ -73,8 +132,10 @@ def _trim() -> None:
         pass
 
 
-def make_batch(scenario, generator) -> dict:
+def make_batch(scenario, generator, device: str = "cpu") -> dict:
+    """Synthetic full-length rows of the scenario's shape; labels = inputs (causal LM loss on every token)."""
     ids = torch.randint(0, scenario.model.vocab_size, (scenario.micro_batch, scenario.seq_len), generator=generator)
+    ids = ids.to(device)
     return {"input_ids": ids, "labels": ids.clone()}
 
 
@@ -126,7 +187,7 @@ def run_job(job: dict, rank: int) -> tuple[RankMeasurement, tuple[int, int]]:
     generator = torch.Generator().manual_seed(1234 + rank)
     tk = MemoryTracker()
     _CURRENT["tracker"] = tk
-    rss = Rss()
+    rss = Probes(CudaProbe(int(os.environ.get("LOCAL_RANK", "0"))) if device == "cuda" else None)
     _trim()
     rss.point("baseline")
     with tk:
@@ -145,7 +206,7 @@ def run_job(job: dict, rank: int) -> tuple[RankMeasurement, tuple[int, int]]:
         for step in range(1, steps + 1):
             for micro in range(scenario.grad_accum):
                 boundary = micro == scenario.grad_accum - 1
-                batch = make_batch(scenario, generator)
+                batch = make_batch(scenario, generator, device)
                 rss.begin("forward")
                 tk.set_phase("forward", step)
                 loss = runner.forward(batch)
@@ -190,8 +251,9 @@ def run_job(job: dict, rank: int) -> tuple[RankMeasurement, tuple[int, int]]:
         rank=rank,
         device=_profile(tk, "device", steps),
         host=_profile(tk, "host", steps),
-        rss_bytes=rss.points,
-        rss_peak_bytes=rss.peaks,
+        rss_bytes=rss.rss.points,
+        rss_peak_bytes=rss.rss.peaks,
+        cuda=rss.cuda.phases if rss.cuda is not None else None,
         pinned_host_bytes=tk.pinned_peak,
         buffers=[],
         peak_sites=_peak_sites(tk, steps),
@@ -209,6 +271,8 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(int(os.environ.get("MEMFIT_THREADS", "1")))
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if world > 1 or jobs[0]["scenario"].engine in ("deepspeed", "ddp", "fsdp"):
         import deepspeed
 

@@ -97,6 +97,24 @@ def _qwen2_moe(spec):
                                      decoder_sparse_step=1, mlp_only_layers=[], qkv_bias=spec.qkv_bias)
 
 
+def _qwen3_moe(spec):  # issue 6
+    return _with_bias(spec) | dict(num_experts=spec.num_experts, num_experts_per_tok=spec.experts_per_token,
+                                   moe_intermediate_size=spec.moe_intermediate_size, decoder_sparse_step=1,
+                                   mlp_only_layers=[], norm_topk_prob=True)
+
+
+def _deepseek_mla(spec):  # issue 6: DeepSeek-V2/V3 built as transformers' deepseek_v3 (same parameter layout)
+    x = spec.extra
+    return dict(hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+                num_key_value_heads=spec.num_kv_heads, intermediate_size=spec.intermediate_size,
+                moe_intermediate_size=spec.moe_intermediate_size, n_routed_experts=spec.num_experts,
+                num_experts_per_tok=spec.experts_per_token, n_shared_experts=x.get("n_shared_experts", 0),
+                first_k_dense_replace=x.get("first_k_dense_replace", 0), q_lora_rank=x.get("q_lora_rank") or None,
+                kv_lora_rank=x["kv_lora_rank"], qk_rope_head_dim=x["qk_rope_head_dim"],
+                qk_nope_head_dim=x["qk_nope_head_dim"], v_head_dim=x["v_head_dim"], vocab_size=spec.vocab_size,
+                tie_word_embeddings=spec.tie_embeddings, n_group=1, topk_group=1, attention_bias=spec.qkv_bias)
+
+
 def _gemma(spec):
     return _standard(spec) | dict(attention_bias=spec.qkv_bias, query_pre_attn_scalar=spec.head_dim)
 
@@ -137,6 +155,8 @@ CONFIG_BUILDERS = {
     "qwen2": _no_head_dim,
     "qwen3": _with_bias,
     "qwen2_moe": _qwen2_moe,
+    "qwen3_moe": _qwen3_moe,  # issue 6
+    "deepseek_v3": _deepseek_mla,  # issue 6
     "gemma2": _gemma,
     "gemma3_text": _gemma,
     "glm": _with_bias,
