@@ -409,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     pairs, skipped = ([], []) if a.no_published else published_rows(Path(a.cases))
     pairs += grid_rows(a.grid)
-    with contextlib.redirect_stderr(io.StringIO()):  # DeepSpeed's accelerator banner
+    # DeepSpeed's logger prints an accelerator banner on stdout when first imported (here): keep it out
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         rows = run_peers(pairs)
     result = summary(rows)
     if a.json:

@@ -105,7 +105,7 @@ def _group_inputs(s: Scenario, b: int, rb: int, adapters: list[ParamTensor]) -> 
     it back: each such adapter saves a private copy. A frozen, unadapted Linear saves nothing."""
     m = s.model
     adapted = _adapted(s, adapters)
-    ab = BYTES[s.adapter_dtype] if s.precision != "fp32" else 4
+    ab = s.adapter_bytes
     trainable_base = s.tuning in ("full", "freeze")
     autocast = s.runs_autocast
     groups = {"attn_in": ({"q", "k", "v"}, m.hidden_size, rb), "o": ({"o"}, m.num_heads * m.head_dim, b),
@@ -131,7 +131,8 @@ def _group_inputs(s: Scenario, b: int, rb: int, adapters: list[ParamTensor]) -> 
                 cost += count * width * (2 if autocast else ab)  # private cast copy
             else:
                 shared = True
-        if shared and not (name == "o" and s.attention != "eager"):
+        routed = name == "down" and s.model.is_moe  # MoE down inputs are the routed copies, counted there
+        if shared and not (name == "o" and s.attention != "eager") and not routed:
             cost += width * xb  # saved once (o's input is the kernel output, already saved)
         totals[name] = cost
     return int(totals["attn_in"] + totals["mlp_in"]), int(totals["o"] + totals["down"])
@@ -148,21 +149,33 @@ def _norm_per_token(s: Scenario, b: int, rb: int) -> int:
     return rb * h + 8
 
 
+MOE_INDEX_BYTES_PER_PAIR = 36  # per (token, expert): int64 top-k index, sort and inverse permutations, weight
+
+
+def _moe_per_token(s: Scenario, b: int) -> int:
+    """One MoE block, per token (transformers 5.x grouped experts, traced): each of the k routed copies keeps
+    its gathered input, gate_up output, act(gate), down input and the down output kept by the routing-weight
+    multiply; the router keeps an fp32 softmax; a shared expert saves like a dense gated MLP."""
+    m = s.model
+    h, f, k = m.hidden_size, m.moe_intermediate_size or m.intermediate_size, m.experts_per_token
+    trains = s.tuning in ("full", "freeze")
+    pair = b * (2 * h + 4 * f) if trains else b * (h + 3 * f)
+    fs = m.shared_expert_intermediate_size or m.extra.get("n_shared_experts", 0) * f
+    gate = b * h + b if m.extra.get("shared_expert_gate") or m.arch == "qwen2_moe" else 0
+    return k * (pair + MOE_INDEX_BYTES_PER_PAIR) + 4 * m.num_experts + (4 if trains else 3) * fs * b + gate
+
+
 def _layer_per_token(s: Scenario, b: int, rb: int, adapters) -> int:
     m = s.model
     h, ffn = m.hidden_size, m.intermediate_size
-    if m.is_moe:
-        ffn = (m.moe_intermediate_size or ffn) * m.experts_per_token
     norms = _norm_per_token(s, b, rb) * m.norms_per_layer + (4 * m.norms_per_layer if m.norm == "rms" else 0)
     attn, _, _ = _attention_per_token(s, b)
     norm_fed, others = _group_inputs(s, b, rb, adapters)
     # MLP intermediates other than down's input: gate out (SiLU), SiLU out and up out (the product);
     # plain MLPs: fc out (GELU); down's input is counted with the Linear inputs
-    mlp = b * ffn * (3 if m.mlp == "gated" else 1)
+    mlp = _moe_per_token(s, b) if m.is_moe else b * ffn * (3 if m.mlp == "gated" else 1)
     if m.qk_norm != "none":
         attn += (4 + b) * (m.num_heads + m.num_kv_heads) * m.head_dim
-    if m.is_moe:
-        mlp += m.experts_per_token * 2 * b * h + 4 * m.num_experts * 2  # routed copies, router softmax
     return norms + attn + norm_fed + others + mlp
 
 

@@ -87,6 +87,7 @@ def _backward(ms: ModelStates, act: Activations, runtime: int, head_grads: int) 
     (all gradients, the first layer recomputed and differentiated)."""
     base = _static(ms, runtime)
     base["weights"] += ms.gathered_backward
+    base["engine_buffers"] += ms.backward_buffers
     # autocast's weight copies stay saved into backward; checkpointed layers drop theirs (recomputed)
     saved_casts = ms.autocast_cache if act.checkpointed_layers == 0 else ms.autocast_cache_head
     # the loss backward peaks before the head's weight gradient exists; when it is made, the logits'
@@ -123,6 +124,7 @@ def _head_grads(s: Scenario, tensors: list[ParamTensor]) -> int:
 def allocated_profile(s: Scenario, tensors: list[ParamTensor], ms: ModelStates, act: Activations) -> PhaseProfile:
     runtime = overheads.cublas_workspace(s.hardware.gpu)
     load = Breakdown(_static(ms, runtime, optimizer=ms.optimizer // 3 if s.engine == "deepspeed" else 0))
+    load = load.plus("engine_buffers", ms.load_transient)
     steady = Breakdown(_static(ms, runtime))
     return PhaseProfile({
         "load": load,

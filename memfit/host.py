@@ -35,15 +35,6 @@ def _offloaded(ms: ModelStates, g: int) -> dict[str, int]:
     return parts
 
 
-def _resume_load(s: Scenario, psi: int, phi_bytes: int) -> int:
-    """Each rank torch.loads its checkpoint files into CPU memory at once, without mmap (A.8)."""
-    g = s.hardware.gpus_per_node
-    n = s.world_size
-    optim = 12 * -(-psi // n) if s.engine == "deepspeed" and s.deepspeed.stage >= 1 else 12 * psi
-    module = phi_bytes // n if s.engine == "deepspeed" and s.deepspeed.stage == 3 else phi_bytes
-    return g * (optim + module)
-
-
 def host_profile(s: Scenario, tensors: list[ParamTensor], ms: ModelStates, act: Activations) -> PhaseProfile:
     g = s.hardware.gpus_per_node
     base = {"runtime_overhead": overheads.PROCESS_HOST_BASELINE * g}
@@ -56,7 +47,8 @@ def host_profile(s: Scenario, tensors: list[ParamTensor], ms: ModelStates, act: 
     # a DeepSpeed checkpoint writes each rank's own partitions; torch.save streams their storages
     save = dict(steady)
     resume = dict(steady)
-    resume["optimizer_states"] += _resume_load(s, psi, model_bytes)
+    # each rank torch.loads its checkpoint files at once, without mmap (knobs.md A.8, FINDINGS.md)
+    resume["optimizer_states"] += g * (ms.resume_host if s.engine == "deepspeed" else 12 * psi)
     return PhaseProfile({
         "load": Breakdown(load),
         "forward": Breakdown(steady),

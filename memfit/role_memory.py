@@ -22,8 +22,6 @@ from memfit.inventory import ParamTensor, tuned_tensors
 from memfit.scenario import Scenario
 from memfit.states import HostBuffer, ModelStates, model_states
 
-GiB = 2**30
-
 
 @cache
 def facts() -> dict:
@@ -61,6 +59,7 @@ class LogitTerms:
     saved: int  # kept for backward
     backward: int  # the loss backward's peak
     nograd: int  # peak of a no-grad forward's log-prob computation
+    grad: int = 0  # the logits' gradient reaching lm_head (in the logits' dtype), while the head computes its grads
 
 
 def logit_terms(s: Scenario, kind: str, tokens: int, value_head: bool, head_trains: bool) -> LogitTerms:
@@ -68,7 +67,7 @@ def logit_terms(s: Scenario, kind: str, tokens: int, value_head: bool, head_trai
     b = s.compute_bytes
     if value_head:  # one value per token: [B, T, 1] in the compute dtype, an fp32 copy for the loss
         small = tokens * (b + 4)
-        return LogitTerms(small, tokens * 4, small, small)
+        return LogitTerms(small, tokens * 4, small, small, tokens * b)
     v, h = s.model.vocab_size, s.model.hidden_size
     f = facts()["logits"][kind]
     if kind == "trl_fused":
@@ -81,7 +80,7 @@ def logit_terms(s: Scenario, kind: str, tokens: int, value_head: bool, head_trai
     def copies(prefix: str) -> int:
         return nv * (f.get(f"{prefix}_lowp", 0) * b + f.get(f"{prefix}_fp32", 0) * 4)
 
-    return LogitTerms(copies("forward"), copies("saved"), copies("backward"), copies("nograd"))
+    return LogitTerms(copies("forward"), copies("saved"), copies("backward"), copies("nograd"), nv * b)
 
 
 # ---------------------------------------------------------------------------------------------- trained role
@@ -137,6 +136,8 @@ def trained_role(s: Scenario, rows: int, logits_kind: str, value_head: bool = Fa
     terms = logit_terms(rs, logits_kind, rs.tokens_per_micro_batch, value_head, head_trains)
     act = replace(act, logits_forward_peak=terms.forward, logits_saved=terms.saved,
                   logits_backward_peak=terms.backward)
+    if hasattr(act, "logits_grad"):  # the core estimator's loss-backward split (estimate._backward)
+        act = replace(act, logits_grad=terms.grad)
     alloc = allocated_profile(rs, tensors, ms, act)
     host = host_profile(rs, tensors, ms, act)
     return TrainedRole(rs, tensors, ms, act, terms, alloc, host, logits_kind, value_head)

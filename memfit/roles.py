@@ -597,7 +597,8 @@ def estimate_roles(s: Scenario) -> MultiEstimate:
         verdict=_verdict(worst.margin_bytes, capacity, host_margin), margin_bytes=worst.margin_bytes,
         host_margin_bytes=host_margin, roles=roles, groups=groups, worst_group=worst.name,
         drivers=extra["drivers"], gpus_needed=extra.get("needed", s.world_size),
-        assumptions=[f"method {s.method}: {facts['description']}", f"framework facts: {fw['source']}"]
+        assumptions=[f"method {s.method}: {facts['description']}", f"framework facts: {fw['source']}",
+                     f"log-probs computed as '{fw['logits']}' (catalog/methods.toml); the --loss setting does not apply"]
         + list(s.assumed) + notes + policy.states.notes,
     )
 

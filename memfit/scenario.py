@@ -284,6 +284,15 @@ class Scenario:
         return 4 if self.precision == "fp32" else 2
 
     @property
+    def adapter_bytes(self) -> int:
+        """LoRA adapter storage: DeepSpeed casts the whole module, adapters included, to 16 bit (engine.py)."""
+        if self.precision == "fp32":
+            return 4
+        if self.engine == "deepspeed":
+            return self.compute_bytes
+        return 4 if self.adapter_dtype == "fp32" else 2
+
+    @property
     def runs_autocast(self) -> bool:
         """Plain torch (single GPU, DDP) runs forward under autocast for mixed precision, or when the trainer
         asks for it; DeepSpeed and FSDP cast the module to 16 bit instead (knobs.md A.1, B)."""

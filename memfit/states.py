@@ -46,7 +46,10 @@ class ModelStates:
     optimizer: int = 0
     step_grads: int = 0  # extra gradient copies made inside optimizer.step (fp32 flatten/upcast)
     step_temporaries: int = 0  # optimizer math temporaries (foreach lists, sub-group scratch)
-    engine_buffers: int = 0  # reduce buckets, DDP buckets, offload staging
+    engine_buffers: int = 0  # reduce buckets, DDP buckets, offload staging (whole step)
+    backward_buffers: int = 0  # buffers that exist only while backward reduces (ZeRO-1/2 IPG buckets)
+    load_transient: int = 0  # extra device bytes while the engine initializes (flatten copies, scratch)
+    resume_host: int = 0  # extra host bytes per rank while a checkpoint loads
     paged_optimizer: int = 0  # cudaMallocManaged states: outside torch's counters, on the device
     host: list[HostBuffer] = field(default_factory=list)  # per rank
     notes: list[str] = field(default_factory=list)
@@ -80,7 +83,7 @@ def _frozen_bytes(s: Scenario, tensors: list[ParamTensor]) -> float:
 def trainable_dtype_bytes(s: Scenario, t: ParamTensor) -> int:
     """dtype of a trainable tensor as it lives in the module (outside DeepSpeed)."""
     if t.kind == "lora":
-        return BYTES[s.adapter_dtype] if s.precision != "fp32" else 4
+        return s.adapter_bytes
     return 2 if s.precision.endswith("pure") else 4
 
 
@@ -204,56 +207,85 @@ def _layer_bytes(s: Scenario, tensors: list[ParamTensor]) -> int:
 
 
 def _zero3_retained(s: Scenario, tensors: list[ParamTensor], max_reuse: int) -> int:
-    """Elements DeepSpeed keeps gathered across the forward->backward turn because they are reused
-    within max_reuse_distance elements of the fetch trace (partitioned_param_coordinator.py)."""
-    layer = sum(t.total for t in tensors if t.per_layer) // max(s.model.num_layers, 1)
-    head = sum(t.total for t in tensors if t.kind == "lm_head") or sum(t.total for t in tensors if t.kind == "embedding")
-    retained, after = head, 0
-    for _ in range(s.model.num_layers):
+    """Elements DeepSpeed keeps gathered from forward into backward: a module's params are not released
+    when its next use in the fetch trace (its backward) comes within max_reuse_distance elements
+    (partitioned_param_coordinator.py). A frozen embedding is never fetched in backward, so it goes."""
+    layers = s.model.num_layers
+    layer = sum(t.total for t in tensors if t.per_layer) // max(layers, 1)
+    embed = sum(t.total for t in tensors if t.kind == "embedding")
+    head = sum(t.total for t in tensors if t.kind == "lm_head")
+    embed_trains = any(t.trainable for t in tensors if t.kind == "embedding")
+    retained, after = head, head  # the head is used again right away by its own backward
+    for _ in range(layers):
         if 2 * after + layer > max_reuse:
-            break
+            return retained
         retained += layer
         after += layer
+    if embed_trains and 2 * after + embed <= max_reuse:
+        retained += embed
     return retained
 
 
 def deepspeed_states(s: Scenario, tensors: list[ParamTensor]) -> ModelStates:
+    """DeepSpeed 0.19 buffers, as measured on the real engine (memfit/measure/FINDINGS.md, knobs.md A)."""
     ds = s.deepspeed
     n = s.world_size
     psi = _sum(tensors, lambda t: t.trainable)  # trainable elements
-    phi = _sum(tensors)
     lp = 4 if s.precision == "fp32" else 2  # DeepSpeed casts the module to bf16/fp16 (engine.py)
     frozen = _frozen_bytes(s, tensors)
     accum = BYTES[ds.grad_accum_dtype] if ds.grad_accum_dtype else lp
-    bucket_elems = ds.reduce_bucket_size
-    ms = ModelStates()
-    offload = ds.offload_optimizer != "none"
-    gpu_share = _ratio_gpu_share(s, psi) if offload else 1.0
     part = -(-psi // n)
     if ds.stage == 0:
-        ms.weights = int(frozen) + psi * lp
-        ms.grads_after_backward = psi * lp
-        ms.optimizer = 12 * psi  # fp32 master + Adam m, v (FP16_Optimizer / DDP_BFLOAT16)
-        ms.step_grads = 4 * psi  # fp32 copy of the flat grads at step
+        ms = _zero0_states(s, psi, frozen, lp, tensors)
     elif ds.stage in (1, 2):
-        ms.weights = int(frozen) + psi * lp  # bf16 flat groups are full on every rank
-        ms.grads_after_backward = psi * accum if ds.stage == 1 else part * accum
-        ms.grads_between_steps = part * accum if ds.stage == 2 else 0
+        ms = _zero12_states(s, tensors, psi, part, frozen, lp, accum)
+    else:
+        gpu_share = _ratio_gpu_share(s, psi) if ds.offload_optimizer != "none" else 1.0
+        ms = _zero3_states(s, tensors, psi, frozen, lp, accum, gpu_share)
+    adam_on_host = sum(b.nbytes for b in ms.host if "Adam" in b.name)
+    optimizer_file = 12 * (psi if ds.stage == 0 else part)  # fp32 master + m + v, torch.load without mmap
+    module_file = (2 * _sum(tensors) if ds.stage < 3 else 0)  # loaded and released before the optimizer file
+    # with offload the loaded m, v become CPUAdam's state without a copy (FINDINGS.md, resume)
+    ms.resume_host = max(module_file, optimizer_file - adam_on_host + (module_file if ds.stage == 0 else 0))
+    ms.notes.append(f"DeepSpeed ZeRO-{ds.stage}: reduce bucket {ds.reduce_bucket_size:,} elements, "
+                    f"overlap_comm {ds.overlap}")
+    return ms
+
+
+def _zero0_states(s, psi, frozen, lp, tensors) -> ModelStates:
+    """bf16 ZeRO-0 runs FP16_Optimizer: full fp32 master and Adam on every GPU."""
+    return ModelStates(
+        weights=int(frozen) + psi * lp,
+        grads_after_backward=psi * lp,
+        grads_unreduced=psi * lp if s.world_size > 1 else 0,  # buffered_allreduce_fallback flattens the grads
+        optimizer=12 * psi,
+        step_grads=8 * psi,  # per-param grad.to(fp32) list + the flattened fp32 grads
+        load_transient=4 * psi,  # Adam states come from a dummy step on zero fp32 grads at init
+    )
+
+
+def _zero12_states(s, tensors, psi, part, frozen, lp, accum) -> ModelStates:
+    ds = s.deepspeed
+    offload = ds.offload_optimizer != "none"
+    trainable = [t for t in tensors if t.trainable]
+    largest = _largest_module(trainable)
+    ms = ModelStates(weights=int(frozen) + psi * lp)  # bit16_groups_flat is whole on every rank
+    # grads_in_partition lives from the first reduction to the end of the step (and across micro-steps);
+    # ZeRO-1 also holds each param's full bf16 grad until its bucket is reduced
+    ms.grads_after_backward = psi * accum if ds.stage == 1 else part * accum
+    ms.grads_between_steps = part * accum if s.grad_accum > 1 else 0
+    if ds.contiguous_gradients or offload:
+        ms.backward_buffers = ds.reduce_bucket_size * lp * (2 if ds.overlap else 1) + min(
+            ds.reduce_bucket_size, psi) * lp  # buckets + flatten of the bucket being reduced
+    ms.load_transient = max(psi * lp, 8 * part)  # flatten beside the module's params; master + zero grads
+    if not offload:
         ms.optimizer = 12 * part
         ms.step_grads = 6 * part  # flatten (accum dtype) then .to(fp32) of the partition
-        if ds.contiguous_gradients or offload:
-            ms.engine_buffers = bucket_elems * lp * (2 if ds.overlap else 1)
-        if offload:
-            largest = _largest_module([t for t in tensors if t.trainable])
-            ms.engine_buffers += largest * lp  # temp_grad_buffer_for_gpu_offload
-            ms.optimizer = ms.step_grads = 0
-            ms.grads_between_steps = 0
-            ms.grads_after_backward = psi * accum if ds.stage == 1 else 0
-            ms.host = _offload_host_stage12(s, part, largest, lp)
-    else:
-        ms = _zero3_states(s, tensors, psi, phi, frozen, lp, accum, gpu_share)
-    ms.notes.append(f"DeepSpeed ZeRO-{ds.stage}: reduce bucket {bucket_elems:,} elements, "
-                    f"overlap_comm {ds.overlap}")
+        return ms
+    ms.engine_buffers = largest * lp  # temp_grad_buffer_for_gpu_offload
+    ms.grads_between_steps = 0
+    ms.grads_after_backward = psi * accum if ds.stage == 1 else 0
+    ms.host = _offload_host_stage12(s, part, largest, lp)
     return ms
 
 
@@ -267,7 +299,7 @@ def _ratio_gpu_share(s: Scenario, psi: int) -> float:
     return on_gpu / groups
 
 
-def _zero3_states(s, tensors, psi, phi, frozen, lp, accum, gpu_share) -> ModelStates:
+def _zero3_states(s, tensors, psi, frozen, lp, accum, gpu_share) -> ModelStates:
     ds = s.deepspeed
     n = s.world_size
     part = -(-psi // n)
@@ -277,8 +309,8 @@ def _zero3_states(s, tensors, psi, phi, frozen, lp, accum, gpu_share) -> ModelSt
     retained = _zero3_retained(s, tensors, 1_000_000_000)
     ms = ModelStates()
     ms.weights = int((frozen + psi * lp) / n) + persistent * lp
-    ms.gathered_forward = (largest + prefetch) * lp
-    ms.gathered_backward = (largest + prefetch + retained) * lp
+    ms.gathered_forward = ms.gathered_backward = (retained + prefetch) * lp
+    ms.load_transient = 2 * part * lp  # defragment copies every partition into lp_param_buffer
     ms.grads_unreduced = _largest_module([t for t in tensors if t.trainable]) * lp
     ms.engine_buffers = ds.reduce_bucket_size * lp  # one IPG buffer in stage 3
     sub = min(ds.sub_group_size, part)
@@ -289,8 +321,9 @@ def _zero3_states(s, tensors, psi, phi, frozen, lp, accum, gpu_share) -> ModelSt
     if ds.offload_optimizer == "none":
         ms.grads_between_steps = ms.grads_after_backward = part * accum
         ms.optimizer = 12 * part
-        ms.engine_buffers += sub * 4  # fp32 gradient scratch of the largest sub-group
-        ms.step_temporaries = 6 * sub  # flatten + .to(fp32) per sub-group
+        ms.load_transient += sub * 4  # fp32 gradient scratch of the largest sub-group, freed after init
+        # flatten + .to(fp32) per sub-group, beside get_grad_norm_direct's fp32 copy of the largest partition
+        ms.step_temporaries = 6 * sub + 4 * -(-_largest_module([t for t in tensors if t.trainable]) // n)
         return ms
     gpu_part = int(part * gpu_share)
     host_part = part - gpu_part
@@ -298,7 +331,7 @@ def _zero3_states(s, tensors, psi, phi, frozen, lp, accum, gpu_share) -> ModelSt
     ms.step_temporaries = 6 * min(sub, gpu_part) if gpu_part else 0
     ms.host += [
         HostBuffer("grad partition buffer (stage3 grad_partitions_flat_buffer)", part * accum, ds.pin_memory),
-        HostBuffer("fp32 master weights (offloaded sub-groups)", 4 * host_part, ds.pin_memory),
+        HostBuffer("fp32 master weights (offloaded sub-groups)", 4 * host_part, False),
         HostBuffer("fp32 gradients (offloaded sub-groups)", 4 * host_part, ds.pin_memory),
         HostBuffer("Adam m + v (DeepSpeedCPUAdam)", 8 * host_part, False),
     ]
@@ -311,7 +344,7 @@ def _split_by_subgroup(buffers: list[HostBuffer], sub: int) -> list[HostBuffer]:
     """Pinned fp32 buffers are allocated per sub-group; each rounds up to a power of two on its own."""
     out = []
     for b in buffers:
-        unit = sub * 4 if "fp32" in b.name else b.nbytes
+        unit = sub * 4 if "fp32 grad" in b.name else b.nbytes
         if not b.pinned or unit <= 0 or b.nbytes <= unit:
             out.append(b)
             continue
@@ -332,7 +365,7 @@ def _offload_host_stage12(s: Scenario, part: int, largest: int, lp: int) -> list
         HostBuffer("temp_grad_buffer_for_cpu_offload", largest * lp, pin),
     ]
     if s.grad_accum > 1:
-        bufs.append(HostBuffer("accumulated_grads_in_cpu", part * lp, False))
+        bufs.append(HostBuffer("accumulated_grads_in_cpu", part * lp, pin))
     return bufs
 
 

@@ -68,12 +68,13 @@ def _get(doc: dict, variant: str, key: str):
 
 
 def _ckpt_key(doc: dict) -> str:
-    return "activation_checkpointing" if "activation_checkpointing" in doc else "gradient_checkpointing"
+    """The file's own spelling; new keys get transformers 5's name (`gradient_*` is a deprecated alias)."""
+    return "gradient_checkpointing" if "gradient_checkpointing" in doc else "activation_checkpointing"
 
 
 def _ckpt_kwargs_key(doc: dict) -> str:
-    return "activation_checkpointing_kwargs" if "activation_checkpointing_kwargs" in doc else \
-        "gradient_checkpointing_kwargs"
+    return "gradient_checkpointing_kwargs" if "gradient_checkpointing_kwargs" in doc else \
+        "activation_checkpointing_kwargs"
 
 
 def _fsdp(doc: dict, where: str) -> dict:

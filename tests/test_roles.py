@@ -1,0 +1,148 @@
+"""Runs with several models (memfit/roles.py, issue 6): right label, right reason, right placement."""
+import json
+
+import pytest
+
+from memfit.cli import main
+from memfit.errors import MemfitError
+from memfit.roles import estimate_roles
+
+GLM_DPO = dict(model="THUDM/glm-4-9b-chat", gpu="a100-80gb", gpus=8, profile="openrlhf", method="dpo",
+               tuning="full", zero_stage=3, micro_batch=1, seq_len=8192, checkpointing="full")
+GLM_VOCAB, T = 151552, 8192
+
+
+def test_glm4_9b_dpo_eager_is_oom_and_flash_fits(scenario):
+    """report-glm4-9b-dpo-eager / -flash (../shared/cases/user-reports.jsonl)."""
+    assert estimate_roles(scenario(attention="eager", **GLM_DPO)).verdict == "oom"
+    assert estimate_roles(scenario(attention="flash", **GLM_DPO)).verdict in ("fits", "tight")
+
+
+def test_glm4_9b_dpo_eager_oom_comes_from_the_attention_scores_of_one_recomputed_layer(scenario):
+    eager = estimate_roles(scenario(attention="eager", **GLM_DPO))
+    flash = estimate_roles(scenario(attention="flash", **GLM_DPO))
+    # chosen + rejected of the longest sample: 2 rows x 32 heads x 8192^2 scores, saved and in flight
+    scores = next(v for k, v in eager.drivers.items() if k.startswith("eager attention scores"))
+    assert scores >= 2 * 32 * T * T * 6
+    assert eager.peak_phase == "backward"  # the first checkpointed layer recomputed and differentiated
+    peak = eager.device_total.peak
+    assert peak.get("activations") >= scores > peak.get("activations") / 2
+    assert flash.device_total.peak.total + scores > flash.scenario.hardware.gpu.memory_bytes
+    assert "eager attention scores" not in " ".join(flash.drivers)
+
+
+def test_glm4_9b_dpo_flash_peak_holds_fp32_logits_of_chosen_and_rejected(scenario):
+    flash = estimate_roles(scenario(attention="flash", **GLM_DPO))
+    policy = next(r for r in flash.roles if r.role == "policy")
+    assert policy.rows == 2  # micro-batch 1 = one chosen + one rejected row
+    fp32_logits = 2 * T * GLM_VOCAB * 4
+    # the policy's fp32 log-prob logits wait for backward while the reference computes its own
+    assert flash.group().peak_moment == "reference_forward"
+    assert flash.device_total.peak.get("logits_loss") >= fp32_logits * 2
+    ref = next(r for r in flash.roles if r.role == "reference")
+    assert ref.process == policy.process  # one process: one CUDA context
+
+
+def test_reference_placement_follows_the_framework(scenario):
+    base = dict(model="qwen2-7b", gpu="a100-80gb", gpus=8, method="dpo", seq_len=1024, micro_batch=2)
+    phi_bytes = 2 * 7_615_616_512
+
+    def ref(**knobs):
+        e = estimate_roles(scenario(**{**base, **knobs}))
+        return next((r for r in e.roles if r.role == "reference"), None), e
+
+    z3, _ = ref(profile="openrlhf", zero_stage=3)
+    assert z3.idle.get("weights") == pytest.approx(phi_bytes / 8, rel=0.01)  # sharded like the policy
+    z2, _ = ref(profile="openrlhf", zero_stage=2)
+    assert z2.idle.get("weights") == pytest.approx(phi_bytes, rel=0.01)  # stage-0 replica on every GPU
+    lora_trl, _ = ref(profile="trl", zero_stage=2, tuning="lora")
+    assert lora_trl.idle.get("weights") == 0  # adapters disabled: no second copy
+    lora_orlhf, _ = ref(profile="openrlhf", zero_stage=2, tuning="lora")
+    assert lora_orlhf.idle.get("weights") == pytest.approx(phi_bytes, rel=0.01)  # OpenRLHF loads one anyway
+    pre, e = ref(profile="trl", zero_stage=2, precompute_ref_log_probs=True)
+    assert pre is None and any("precomputed" in a for a in e.assumptions)
+    off3, e3 = ref(profile="openrlhf", zero_stage=3, ref_offload=True)
+    assert off3.idle.get("weights") < 10 * 2**20 and e3.host.peak.total > ref(profile="openrlhf", zero_stage=3)[1].host.peak.total
+    off2, e2 = ref(profile="openrlhf", zero_stage=2, ref_offload=True)
+    assert off2.idle.get("weights") == z2.idle.get("weights")  # offload_param needs ZeRO-3
+    assert any("only ZeRO-3" in a for a in e2.assumptions)
+
+
+@pytest.mark.parametrize("method", ["orpo", "simpo", "rm"])
+def test_reference_free_methods_hold_one_model(scenario, method):
+    e = estimate_roles(scenario(model="qwen2-7b", gpu="a100-80gb", gpus=8, profile="openrlhf", zero_stage=3,
+                                method=method, seq_len=1024))
+    assert [r.role for r in e.roles] == ["policy"]
+    assert e.roles[0].rows == 2
+
+
+def test_reward_model_has_a_value_head_instead_of_lm_head(scenario):
+    dpo = estimate_roles(scenario(model="qwen2-7b", gpu="a100-80gb", gpus=8, profile="openrlhf", zero_stage=3,
+                                  method="dpo", seq_len=1024))
+    rm = estimate_roles(scenario(model="qwen2-7b", gpu="a100-80gb", gpus=8, profile="openrlhf", zero_stage=3,
+                                 method="rm", seq_len=1024))
+    h, v = 3584, 152064
+    assert dpo.total_params - rm.total_params == v * h - h
+    assert rm.device_total.peak.get("logits_loss") < 2**20
+
+
+PPO = dict(model="llama-2-7b", gpu="a100-80gb", gpus=8, profile="openrlhf", method="ppo", zero_stage=3,
+           micro_batch=4, seq_len=2048, checkpointing="full", colocate="all", vllm_tp=2, rollout_micro_batch=8)
+
+
+def test_ppo_colocated_on_8_gpus_sums_five_processes_and_flags_the_overflow(scenario):
+    e = estimate_roles(scenario(**PPO))
+    assert e.verdict == "oom"
+    g = e.group()
+    assert len(e.groups) == 1 and g.gpus == 8
+    assert set(g.by_role()) == {"policy", "critic", "reference", "reward", "generator"}
+    assert len(g.processes) == 5  # actor, critic, ref, reward, vLLM worker: each its own CUDA context
+    # vLLM's default gpu_memory_utilization 0.95 stays allocated while actor and critic train
+    assert g.by_role()["generator"] > 0.9 * g.capacity
+
+
+def test_ppo_usual_fixes_each_lower_the_peak(scenario):
+    peak = lambda **k: estimate_roles(scenario(**{**PPO, **k})).group().peak  # noqa: E731
+    base = peak()
+    lower = peak(vllm_gpu_memory_utilization=0.5)
+    slept = peak(vllm_gpu_memory_utilization=0.5, vllm_sleep=True)
+    ds = peak(vllm_gpu_memory_utilization=0.5, vllm_sleep=True, deepspeed_sleep=True)
+    off = peak(vllm_gpu_memory_utilization=0.5, vllm_sleep=True, deepspeed_sleep=True, ref_offload=True,
+               reward_offload=True)
+    assert base > lower > slept > ds > off
+    fixed = estimate_roles(scenario(**{**PPO, "vllm_gpu_memory_utilization": 0.5, "vllm_sleep": True,
+                                       "deepspeed_sleep": True}))
+    assert fixed.verdict == "fits"
+    assert fixed.host.peak.total > estimate_roles(scenario(**PPO)).host.peak.total  # slept states live on the host
+
+
+def test_grpo_has_no_critic_and_colocate_all_checks_engine_count(scenario):
+    e = estimate_roles(scenario(**{**PPO, "method": "grpo"}))
+    assert "critic" not in {r.role for r in e.roles}
+    with pytest.raises(MemfitError, match="vLLM engines x tensor parallel"):
+        estimate_roles(scenario(**{**PPO, "vllm_engines": 2}))
+
+
+def test_sft_scenarios_reject_rl_knobs(scenario):
+    with pytest.raises(MemfitError, match="--method"):
+        scenario(model="qwen2-7b", ref_offload=True)
+    assert scenario(model="qwen2-7b").rl is None
+
+
+def test_cli_estimate_method_dpo_json(capsys):
+    code = main(["estimate", "THUDM/glm-4-9b-chat", "--gpu", "a100-80gb", "--gpus", "8", "--profile", "openrlhf",
+                 "--method", "dpo", "--zero", "3", "--micro-batch", "1", "--seq", "8192", "--ckpt", "--attn",
+                 "eager", "--json"])
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"] == "oom" and doc["method"] == "dpo"
+    assert {r["role"] for r in doc["roles"]} == {"policy", "reference"}
+    assert doc["per_rank"]["device_total"]["peak_bytes"] > doc["gpu_memory_bytes"]
+
+
+def test_cli_ppo_table_prints_per_gpu_sum_by_role(capsys):
+    code = main(["estimate", "llama-2-7b", "--gpu", "a100-80gb", "--gpus", "8", "--profile", "openrlhf",
+                 "--method", "ppo", "--zero", "3", "--micro-batch", "4", "--seq", "2048", "--ckpt",
+                 "--colocate", "all", "--vllm-tp", "2", "--vllm-mem", "0.5"])
+    out = capsys.readouterr().out
+    assert code == 0 and "OVERFLOWS" in out and "generator" in out and "5 processes per GPU" in out
