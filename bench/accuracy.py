@@ -17,12 +17,14 @@ foreach/fused AdamW. For each row the estimate's *allocated* profile is compared
 - peak phase.
 
 Trace cache: the trace is deterministic for a given scenario, torch/transformers/peft and trace code,
-and the full grid takes about half an hour to trace, so results live in bench/trace_cache.json, keyed
-by a fingerprint of the scenario. The file is meant to be committed: a re-run after an analytic-model
+and the full grid takes 25-45 minutes to trace on 2 cores (--jobs 2), so results live in
+bench/trace_cache.json, keyed by a fingerprint of what the trace reads from the scenario
+(TRACE_INPUTS, the model's architecture, the GPU's compute capability). The file is meant to be committed: a re-run after an analytic-model
 change takes seconds, CI and machines without torch can run the bench, and a refresh shows up as a
 reviewable diff. Each entry records the library versions and a hash of memfit/trace/*.py; entries
 from other versions or trace code are still used, but counted as stale in the output, and
-`--refresh-stale` re-traces just those.
+`--refresh-stale` re-traces just those, and `--restamp` re-traces the --quick rows and, if they match
+the cache exactly, marks every entry current (for trace changes that do not touch the grid).
 """
 from __future__ import annotations
 
@@ -234,9 +236,17 @@ TRACE_INPUTS = ("tuning", "lora", "precision", "runs_autocast", "adapter_dtype",
                 "loss", "micro_batch", "seq_len", "freeze_trainable_layers", "kbit_upcast", "double_quant")
 
 
+# ModelSpec facts that only the analytic model reads (the trace takes them from transformers' own config
+# classes), so adding one does not invalidate the cached traces
+ANALYTIC_ONLY_MODEL_FACTS = ("norm_fp32_scale", "attn_softcap", "logit_softcap", "dropout", "eager_repeats_kv")
+
+
 def fingerprint(scenario: Scenario) -> str:
     doc = {name: _plain(getattr(scenario, name, None)) for name in TRACE_INPUTS}
-    doc |= {"model": _plain(scenario.model), "compute_capability": scenario.hardware.gpu.compute_capability,
+    model = _plain(scenario.model)
+    if isinstance(model, dict):
+        model = {k: v for k, v in model.items() if k not in ANALYTIC_ONLY_MODEL_FACTS}
+    doc |= {"model": model, "compute_capability": scenario.hardware.gpu.compute_capability,
             "steps": TRACE_STEPS, "pad_tokens": PAD_TOKENS}
     text = json.dumps(doc, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:20]
@@ -366,6 +376,34 @@ def _collect(results, todo, cache, started, log) -> None:
         cache.save()
         what = f"refused: {entry['refused'][:80]}" if "refused" in entry else f"{entry['seconds']:.1f} s"
         log(f"  [{done}/{len(todo)}] {entry['row']}  {what}  ({time.perf_counter() - started:.0f} s)")
+
+
+def restamp(cache: TraceCache, check_rows: list[GridRow], jobs: int = 1, log=print) -> bool:
+    """After a memfit/trace change that should not move the grid (a new family, a refactor): re-trace
+    `check_rows` into a scratch cache, and only if every one matches its cached entry exactly (profile,
+    marks, kernels) stamp every entry with the current trace code and versions. Returns success."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = TraceCache(Path(tmp) / "check.json")
+        fill_cache(check_rows, scratch, jobs=jobs, log=log)
+    differ = []
+    for row in check_rows:
+        key = fingerprint(row.scenario())
+        old, new = cache.get(key), scratch.get(key)
+        if old is None or new is None or any(old.get(k) != new.get(k) for k in ("profile", "marks", "kernels",
+                                                                                "refused")):
+            differ.append(row.id)
+    if differ:
+        log(f"not restamped: {len(differ)} of {len(check_rows)} re-traced rows differ from the cache "
+            f"(run --refresh-stale): {', '.join(differ[:10])}")
+        return False
+    code, versions = trace_code_hash(), library_versions()
+    for entry in cache.entries.values():
+        entry["trace_code"], entry["versions"] = code, versions
+    cache.save()
+    log(f"restamped {len(cache.entries)} entries with trace code {code}: {len(check_rows)} re-traced rows identical")
+    return True
 
 
 # ---------------------------------------------------------------------------------------------- comparing
@@ -580,6 +618,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", help="filter: comma-separated alternatives of '+'-joined id substrings")
     p.add_argument("--refresh", action="store_true", help="re-trace the selected rows")
     p.add_argument("--refresh-stale", action="store_true", help="re-trace rows traced by other trace code/versions")
+    p.add_argument("--restamp", action="store_true",
+                   help="re-trace the --quick rows (or --rows); if all match the cache, mark every entry current")
     p.add_argument("--no-trace", action="store_true", help="never trace; rows missing from the cache are listed")
     p.add_argument("--jobs", type=int, default=1, help="parallel trace processes (default 1)")
     p.add_argument("--cache", default=str(CACHE_PATH))
@@ -592,9 +632,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cache = TraceCache(Path(a.cache))
     log = (lambda *x: print(*x, file=sys.stderr)) if a.summary_json else print
+    if a.restamp:
+        return 0 if restamp(cache, select(quick_grid(), a.rows), a.jobs, log) else 1
     traced_s = 0.0
     if not a.no_trace:
         traced_s = fill_cache(rows, cache, a.refresh, a.refresh_stale, a.jobs, log)
+    if not a.quick and not a.rows:  # a full run drops entries no grid row uses (old keys) from the file
+        used = {fingerprint(r.scenario()) for r in rows}
+        unused = [k for k in cache.entries if k not in used]
+        for k in unused:
+            del cache.entries[k]
+        if unused:
+            cache.save()
+            log(f"dropped {len(unused)} cache entries no grid row uses")
     started = time.perf_counter()
     comparisons = evaluate(rows, cache)
     compare_s = time.perf_counter() - started

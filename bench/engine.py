@@ -173,12 +173,22 @@ def main(argv=None) -> int:
     ap.add_argument("--summary-json", action="store_true")
     ap.add_argument("--json", help="write every row (with the measured breakdown) to this file")
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--reuse", help="compare the measurements saved in this file (by an earlier run's --save) "
+                                    "instead of running the engines again: for iterating on the estimator")
+    ap.add_argument("--save", help="save the raw measurements to this file")
     args = ap.parse_args(argv)
     from memfit.measure import run_batch
+    from memfit.measure.result import MeasureResult
 
     scenarios = rows(args.quick)
     started = time.time()
-    results = run_batch(scenarios, steps=args.steps)
+    if args.reuse:
+        saved = json.loads(Path(args.reuse).read_text())
+        results = [MeasureResult.from_json(r) for r in saved]
+    else:
+        results = run_batch(scenarios, steps=args.steps)
+        if args.save:
+            Path(args.save).write_text(json.dumps([r.to_json() for r in results]))
     out = [compare(s, r) for s, r in zip(scenarios, results)]
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": out, "summary": summary(out)}, indent=1))

@@ -78,9 +78,13 @@ def _attention_per_token(s: Scenario, b: int) -> tuple[int, int, int]:
     if s.attention == "sdpa":  # bool mask -> mem-efficient kernel over repeat_kv'd k, v
         return b * (q + 2 * repeated + q) + lse, 0, 0
     # eager: q and repeated k for QK^T, fp32 softmax output and its bf16 cast for PV, repeated v (the
-    # contiguous copy of the output is o_proj's input, counted with the Linear inputs)
-    per_key_saved = m.num_heads * (4 + b + (b if m.attn_softcap else 0))  # softcap: tanh output
-    per_key_transient = m.num_heads * (b + b + 4)  # scores, masked scores, fp32 softmax in flight
+    # contiguous copy of the output is o_proj's input, counted with the Linear inputs); attention dropout
+    # keeps a bool mask per score
+    if not m.eager_repeats_kv:
+        repeated = kv
+    dropout_mask = 1 if m.dropout > 0 else 0
+    per_key_saved = m.num_heads * (4 + b + (b if m.attn_softcap else 0) + dropout_mask)  # softcap: tanh output
+    per_key_transient = m.num_heads * (m.eager_score_bytes or b + b + 4)  # scores, masked scores, fp32 softmax
     return b * (q + 2 * repeated), per_key_saved, per_key_transient
 
 
@@ -165,6 +169,19 @@ def _moe_per_token(s: Scenario, b: int) -> int:
     return k * (pair + MOE_INDEX_BYTES_PER_PAIR) + 4 * m.num_experts + (4 if trains else 3) * fs * b + gate
 
 
+def _expert_lora_deltas(s: Scenario, b: int, adapters: list[ParamTensor]) -> int:
+    """PEFT adapts transformers 5's stacked expert weights through target_parameters: it builds the whole
+    delta B @ A per expert weight and keeps it for backward, a weight-sized tensor per layer (traced)."""
+    if not s.model.is_moe:
+        return 0
+    adapted = {t.module for t in adapters if ".experts." in t.name}
+    from memfit.inventory import base_tensors
+
+    per_layer = sum(t.numel * t.count for t in base_tensors(s.model)
+                    if ".experts." in t.name and t.module in adapted and t.kind == "linear")
+    return per_layer * b // max(s.model.num_layers, 1)
+
+
 def _layer_per_token(s: Scenario, b: int, rb: int, adapters) -> int:
     m = s.model
     h, ffn = m.hidden_size, m.intermediate_size
@@ -174,6 +191,7 @@ def _layer_per_token(s: Scenario, b: int, rb: int, adapters) -> int:
     # MLP intermediates other than down's input: gate out (SiLU), SiLU out and up out (the product);
     # plain MLPs: fc out (GELU); down's input is counted with the Linear inputs
     mlp = _moe_per_token(s, b) if m.is_moe else b * ffn * (3 if m.mlp == "gated" else 1)
+    mlp += 2 * h if m.dropout > 0 else 0  # residual dropouts after attention and MLP: bool masks
     if m.qk_norm != "none":
         attn += (4 + b) * (m.num_heads + m.num_kv_heads) * m.head_dim
     return norms + attn + norm_fed + others + mlp
@@ -187,6 +205,7 @@ def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
     rows, t = s.micro_batch, s.seq_len
     _, per_key_saved, per_key_transient = _attention_per_token(s, b)
     layer_saved = n * _layer_per_token(s, b, rb, adapters) + rows * t * t * per_key_saved
+    layer_saved += _expert_lora_deltas(s, b, adapters)
     masks = 0
     if s.attention == "eager":
         masks = rows * t * t * b  # 4D float mask (masking_utils eager_mask)
@@ -204,10 +223,13 @@ def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
         layer_checkpoint=0 if offloaded else checkpoint,
         checkpointed_layers=ckpt_layers,
         plain_layers=plain_layers,
-        outside_layers=n * (_norm_per_token(s, b, rb) + (b * h if s.tuning == "full" else 0)),  # final norm, head input
+        outside_layers=n * (_norm_per_token(s, b, rb) + (b * h if s.tuning == "full" else 0)  # final norm, head input
+                            + (h if m.dropout > 0 else 0)),  # embedding dropout mask
         shared_masks=masks,
         layer_forward_transient=n * b * max(4 * h, 2 * m.intermediate_size) + rows * t * t * per_key_transient,
-        layer_backward_transient=n * b * (3 * m.intermediate_size + 2 * h) + rows * t * t * per_key_transient,
+        # eager backward: the fp32 softmax gradient outlives the saved probabilities it replaces
+        layer_backward_transient=n * b * (3 * m.intermediate_size + 2 * h)
+        + rows * t * t * (4 * m.num_heads if s.attention == "eager" else 0),
         logits_forward_peak=logits_fwd,
         logits_saved=logits_saved,
         logits_backward_peak=logits_bwd,

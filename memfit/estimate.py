@@ -102,8 +102,8 @@ def _backward(ms: ModelStates, act: Activations, runtime: int, head_grads: int) 
                activations=last_layer_alive + act.recompute + act.layer_backward_transient + act.shared_masks)
     first_layer = dict(base, weights=base["weights"] + saved_casts - ms.autocast_cache_head,
                        gradients=max(ms.grads_between_steps, head_grads),
-                       activations=act.saved_total - act.outside_layers + act.recompute
-                       + act.layer_backward_transient)
+                       activations=act.saved_total - act.outside_layers
+                       + max(act.recompute + act.layer_backward_transient, act.layer_forward_transient))
     return max((Breakdown(p) for p in (start, end, first_layer)), key=lambda b: b.total)
 
 
@@ -114,11 +114,14 @@ def _optimizer_step(ms: ModelStates, runtime: int) -> Breakdown:
 
 
 def _head_grads(s: Scenario, tensors: list[ParamTensor]) -> int:
-    """Gradient bytes that exist as soon as backward starts: the lm_head's (when it trains)."""
+    """Gradient bytes made by the output head's backward, before any layer's: its weight's (the
+    embedding's when tied)."""
     if s.engine == "deepspeed" and s.deepspeed.stage >= 2:
         return 0
-    return sum(t.total * trainable_dtype_bytes(s, t) for t in tensors if t.trainable and t.kind == "lm_head") // max(
-        1, s.world_size if s.engine == "fsdp" else 1)
+    kind = "embedding" if s.model.tie_embeddings else "lm_head"
+    head = [t for t in tensors if t.trainable and t.kind == kind and t.name != "embed_positions.weight"]
+    shards = s.world_size if s.engine == "fsdp" else 1
+    return sum(t.total * trainable_dtype_bytes(s, t) for t in head) // shards
 
 
 def allocated_profile(s: Scenario, tensors: list[ParamTensor], ms: ModelStates, act: Activations) -> PhaseProfile:

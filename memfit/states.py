@@ -155,6 +155,9 @@ def plain_states(s: Scenario, tensors: list[ParamTensor]) -> ModelStates:
         copies = [t for t in tensors if _fp32_under_autocast(s, t)]
         ms.autocast_cache = sum(t.total * s.compute_bytes for t in copies)
         ms.autocast_cache_head = sum(t.total * s.compute_bytes for t in copies if t.kind == "lm_head")
+    if s.model.tie_embeddings:
+        # the tied embedding's backward makes a fresh dense gradient and adds it into the head's
+        ms.grads_unreduced = sum(t.total * trainable_dtype_bytes(s, t) for t in trainable if t.kind == "embedding")
     if s.optimizer_in_backward:
         # the step runs inside backward per parameter, so only one gradient exists at a time
         largest = max((t.numel * trainable_dtype_bytes(s, t) for t in trainable), default=0)

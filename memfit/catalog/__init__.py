@@ -34,6 +34,9 @@ ARCH_DEFAULTS: dict = {
     "norm_fp32_scale": False,
     "attn_softcap": False,
     "logit_softcap": False,
+    "dropout": 0.0,
+    "eager_repeats_kv": True,
+    "eager_score_bytes": 0,
 }
 
 
@@ -77,6 +80,9 @@ class ModelSpec:
     norm_fp32_scale: bool = False
     attn_softcap: bool = False
     logit_softcap: bool = False
+    dropout: float = 0.0
+    eager_repeats_kv: bool = True
+    eager_score_bytes: int = 0
     linear_names: dict = field(default_factory=dict, compare=False, hash=False)
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 

@@ -81,3 +81,23 @@ def test_full_bf16_pure_weights_agree_exactly(traced):
     for phase in accuracy.STEP_PHASES:
         assert c.estimate.phases[phase].get("weights") == params_bytes
         assert c.trace.phases[phase].get("weights") - buffers == params_bytes
+
+
+def test_fingerprint_keeps_to_what_the_trace_reads():
+    from dataclasses import replace
+
+    s = FULL.scenario()
+    key = accuracy.fingerprint(s)
+    assert accuracy.fingerprint(replace(s, grad_accum=8)) == key  # the trace runs one micro-batch per step
+    assert accuracy.fingerprint(replace(s, hardware=replace(s.hardware, host_ram_bytes=2**40))) == key
+    assert accuracy.fingerprint(replace(s, seq_len=128)) != key
+    assert accuracy.fingerprint(replace(s, checkpointing="full")) != key
+
+
+def test_rows_filter_and_grid_shape():
+    grid = accuracy.grid()
+    assert len(grid) >= 150 and len({r.id for r in grid}) == len(grid)
+    assert len({r.model for r in grid}) >= 8
+    assert 15 <= len(accuracy.quick_grid()) <= 25
+    picked = accuracy.select(grid, "qwen3-8b+lora,gemma2")
+    assert picked and all(("qwen3-8b" in r.id and "lora" in r.id) or "gemma2" in r.id for r in picked)
