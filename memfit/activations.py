@@ -41,6 +41,11 @@ class Activations:
                 + self.outside_layers + self.shared_masks)
 
     @property
+    def output_grad(self) -> int:
+        """The gradient of one layer's output, alive while that layer runs its backward."""
+        return self.layer_checkpoint if self.checkpointed_layers else 0
+
+    @property
     def recompute(self) -> int:
         """A checkpointed layer recomputes its whole saved set during backward."""
         return self.layer_saved if self.checkpointed_layers else 0

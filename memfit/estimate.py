@@ -102,7 +102,8 @@ def _backward(ms: ModelStates, act: Activations, runtime: int, head_grads: int) 
                activations=last_layer_alive + act.recompute + act.layer_backward_transient + act.shared_masks)
     first_layer = dict(base, weights=base["weights"] + saved_casts - ms.autocast_cache_head,
                        gradients=max(ms.grads_between_steps, head_grads),
-                       activations=act.saved_total - act.outside_layers
+                       # the gradient arriving at the layer's output (its input's shape) waits while it recomputes
+                       activations=act.saved_total - act.outside_layers + act.output_grad
                        + max(act.recompute + act.layer_backward_transient, act.layer_forward_transient))
     return max((Breakdown(p) for p in (start, end, first_layer)), key=lambda b: b.total)
 
