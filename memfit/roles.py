@@ -361,8 +361,10 @@ def _drivers(s: Scenario, policy: TrainedRole, ref: FrozenRole | None, group: Gp
     out: dict[str, int] = {}
     _, per_key_saved, per_key_transient = _attention_per_token(ps, ps.compute_bytes)
     if per_key_saved or per_key_transient:
+        # the larger of: forward's scores in flight, or the saved scores plus their fp32 gradient in backward
+        per_key = max(per_key_transient, per_key_saved + 4 * ps.model.num_heads)
         out[f"eager attention scores of one recomputed layer ({rows} rows x {ps.model.num_heads} heads x "
-            f"{t}^2, saved + transient)"] = rows * t * t * (per_key_saved + per_key_transient)
+            f"{t}^2)"] = rows * t * t * per_key
     out[f"policy log-prob logits saved for backward ({rows} rows x {t} x vocab {ps.model.vocab_size})"] = \
         policy.logits.saved
     out["policy log-prob logits, backward peak"] = policy.logits.backward

@@ -23,7 +23,7 @@ def test_glm4_9b_dpo_eager_oom_comes_from_the_attention_scores_of_one_recomputed
     flash = estimate_roles(scenario(attention="flash", **GLM_DPO))
     # chosen + rejected of the longest sample: 2 rows x 32 heads x 8192^2 scores, saved and in flight
     scores = next(v for k, v in eager.drivers.items() if k.startswith("eager attention scores"))
-    assert scores >= 2 * 32 * T * T * 6
+    assert scores >= 2 * 32 * T * T * 10
     # one layer's score transient: in its forward, and again when backward recomputes it (within a few MiB)
     assert eager.peak_phase in ("forward", "backward")
     peak = eager.device_total.peak
