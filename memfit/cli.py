@@ -41,7 +41,9 @@ def _int(text: str) -> int:
 
 
 def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="hub id, alias, or a local config.json / folder holding one")
+    p.add_argument("model", nargs="?", help="hub id, alias, or a local config.json / folder holding one")
+    p.add_argument("--from", dest="from_file", help="read the knobs from a framework file: DeepSpeed JSON, "
+                   "LLaMA-Factory YAML, OpenRLHF command, accelerate YAML, HF/TRL config (flags given here win)")
     hw = p.add_argument_group("hardware")
     hw.add_argument("--gpu", help="GPU from `memfit gpus` (e.g. rtx4090, a100-80gb, h100)")
     hw.add_argument("--gpu-mem", help="usable memory of a GPU not in the catalog, e.g. 24GiB")
@@ -49,7 +51,7 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     hw.add_argument("--nodes", type=_int, default=1)
     hw.add_argument("--host-ram", help="host RAM per node, e.g. 1.4TB (enables the host verdict)")
     t = p.add_argument_group("training")
-    t.add_argument("--profile", default="hf-trainer",
+    t.add_argument("--profile",
                    help="framework defaults: hf-trainer, trl, peft-loop, llamafactory, openrlhf, torchtune, litgpt, unsloth")
     t.add_argument("--tuning", choices=["full", "freeze", "lora", "qlora"])
     t.add_argument("--lora-rank", type=_int)
@@ -142,7 +144,17 @@ def scenario_from_args(a: argparse.Namespace):
     knobs |= _rl_knobs(a)  # issue 6: preference / RL knobs
     if a.ckpt_every and not a.ckpt:
         knobs["checkpointing"] = "every_n"
-    return build_scenario(find_model(a.model), hardware, knobs, a.profile)
+    profile = a.profile
+    if a.from_file:
+        from memfit.formats import read_config
+
+        imported = read_config(a.from_file, gpus=hardware.world_size)
+        knobs = imported.knobs | {k: v for k, v in knobs.items() if v is not None}
+        profile = profile or imported.profile
+        a.model = a.model or imported.model_name
+    if not a.model:
+        raise MemfitError("say which model: a hub id or alias (see `memfit models`), or a file naming one with --from")
+    return build_scenario(find_model(a.model), hardware, knobs, profile or "hf-trainer")
 
 
 def _rl_knobs(a: argparse.Namespace) -> dict:
@@ -255,9 +267,11 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--compare", action="store_true", help="also print memfit's analytic estimate beside the trace")
     tr.add_argument("--json", action="store_true")
     tr.set_defaults(run=_cmd_trace)
+    from memfit.fit_cli import add_fit_command
     from memfit.plan_cli import add_plan_command
 
     add_plan_command(sub)
+    add_fit_command(sub)
     for name, fn in (("models", _cmd_models), ("gpus", _cmd_gpus)):
         sp = sub.add_parser(name, help=f"list the {name} catalog")
         sp.add_argument("filter", nargs="?", help="substring to filter by")

@@ -297,7 +297,10 @@ def _offloads(sharding: str, bk: _StateKnobs, opts: dict, adapters: bool, tuning
     if stage == 3:
         params = ["none"] + (["cpu"] if tuning != "qlora" and opts["offload_param"] else [])
         ratios = _unique(([bk.ratio] if bk.sharding == "zero3" and bk.offload != "none" else []) + list(RATIOS))
-    for pin in _unique([bk.pin_memory, True, False]):
+    if not opts.get("offload_ratio", True):
+        ratios = [bk.ratio]
+    pins = _unique([bk.pin_memory, True, False]) if opts.get("pin_memory", True) else [bk.pin_memory]
+    for pin in pins:
         for ratio in ratios:
             for param in params:
                 yield "cpu", pin, ratio, param

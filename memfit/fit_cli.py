@@ -1,0 +1,91 @@
+"""`memfit fit FILE`: read the user's framework file, plan from it, and write the same format back with the
+smallest change that reaches the best fitting plan, plus a diff and the reason for each change."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from memfit.errors import MemfitError
+
+
+# The file keys each kind of planned change touches (memfit.plan.Change.knob -> scenario knobs).
+KNOBS_OF_CHANGE = {
+    "tuning": ("tuning", "lora_rank", "lora_alpha", "lora_targets", "dora", "lora_dropout", "double_quant"),
+    "sharding": ("engine", "zero_stage", "fsdp_strategy"),
+    "offload": ("offload_optimizer",),
+    "ratio": ("ratio", "sub_group_size"),
+    "checkpointing": ("checkpointing", "checkpoint_every_n"),
+    "micro_batch": ("micro_batch", "grad_accum"),
+}
+
+
+def add_fit_command(sub) -> None:
+    from memfit.cli import _int
+
+    p = sub.add_parser("fit", help="rewrite a DeepSpeed / LLaMA-Factory / OpenRLHF / accelerate / HF file so the run fits")
+    p.add_argument("file", help="the framework file you launch with")
+    p.add_argument("--model", help="the model, when the file does not name one")
+    p.add_argument("--gpu", help="GPU from `memfit gpus`")
+    p.add_argument("--gpu-mem", help="usable memory of a GPU not in the catalog, e.g. 24GiB")
+    p.add_argument("--gpus", type=_int, default=1, help="GPUs per node")
+    p.add_argument("--nodes", type=_int, default=1)
+    p.add_argument("--host-ram", help="host RAM per node, e.g. 1.4TB")
+    p.add_argument("--allow", default="", help="tuning changes you accept: lora, qlora, 8bit (comma-separated)")
+    p.add_argument("--global-batch", type=_int, help="keep this global batch (default: the file's)")
+    p.add_argument("--out", default="memfit-fit", help="folder for the rewritten files (default ./memfit-fit)")
+    p.add_argument("--in-place", action="store_true", help="overwrite the files themselves")
+    p.set_defaults(run=run_fit)
+
+
+def run_fit(a: argparse.Namespace) -> int:
+    from memfit.cli import scenario_from_args
+    from memfit.estimate import estimate
+    from memfit.formats import diff, knobs_from_scenario, read_config, write_config_files
+    from memfit.plan import choose_for_fit, plan
+    from memfit.render import gib
+
+    imported = read_config(a.file, gpus=a.gpus * a.nodes)
+    args = argparse.Namespace(**{**_blank_knobs(), "model": a.model, "from_file": a.file, "gpu": a.gpu,
+                                 "gpu_mem": a.gpu_mem, "gpus": a.gpus, "nodes": a.nodes, "host_ram": a.host_ram})
+    base = scenario_from_args(args)
+    before = estimate(base)
+    allow = {x.strip() for x in a.allow.split(",") if x.strip()}
+    old = knobs_from_scenario(base)
+    writable = {}
+    refusals = []
+    for row in plan(base, allow, a.global_batch, top_k=10):
+        wanted = {k for c in row.changes for k in KNOBS_OF_CHANGE.get(c.knob, (c.knob,))}
+        changed = {k: v for k, v in knobs_from_scenario(row.scenario).items() if k in wanted and old.get(k) != v}
+        try:  # only plans the user's framework can express (e.g. OpenRLHF has no flag for ratio)
+            writable[id(row)] = (row, write_config_files(imported, changed))
+        except MemfitError as e:
+            refusals.append(str(e))
+    best = choose_for_fit([row for row, _ in writable.values()])
+    if best is None:
+        why = f"; {refusals[0]}" if refusals else " (see `memfit plan`; --allow lora,qlora widens the search)"
+        raise MemfitError(f"no configuration of {base.model.id} that {imported.format} can express fits "
+                          f"{a.gpus} x {base.hardware.gpu.name}{why}")
+    files = writable[id(best)][1]
+    print(f"{imported.name}: {before.verdict} ({gib(before.device_total.peak.total)} GiB per GPU) -> "
+          f"{best.verdict} ({gib(best.device_peak_bytes)} GiB, {best.tokens_per_second:,.0f} tokens/s)")
+    for c in best.changes:
+        print(f"  {c.knob}: {c.before} -> {c.after}  saves {gib(c.device_saving_bytes)} GiB per GPU"
+              f"{f', {gib(c.host_saving_bytes)} GiB host' if c.host_saving_bytes else ''}, "
+              f"costs {c.speed_cost_pct:+.1f}% speed{' (needed to fit)' if c.needed_to_fit else ''}")
+    print(diff(files) or "(no change to write: the file already fits as planned)")
+    for f in files:
+        if not f.changed:
+            continue
+        target = Path(f.path) if a.in_place else Path(a.out) / Path(f.path).name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(f.new_text)
+        print(f"wrote {target}")
+    return 0
+
+
+def _blank_knobs() -> dict:
+    """Every scenario flag unset, so the file's own knobs (and its framework's defaults) decide."""
+    from memfit.cli import build_parser
+
+    est = build_parser()._subparsers._group_actions[0].choices["estimate"]
+    return {a.dest: None for a in est._actions if a.dest not in ("help",)} | {"gpus": 1, "nodes": 1}
