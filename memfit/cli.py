@@ -230,6 +230,27 @@ def _cmd_trace(a) -> int:
     return 0
 
 
+def _cmd_measure(a) -> int:
+    from memfit.measure import render, run_measure
+
+    scenario = scenario_from_args(a)
+    result = run_measure(scenario, steps=a.steps, model_dir=a.weights)
+    if a.json:
+        import json
+
+        print(json.dumps(result.to_json(), indent=2))
+        return 0
+    from rich.console import Console
+
+    from memfit.estimate import estimate
+    from memfit.render import print_comparison
+
+    render(result, Console())
+    worst = max(result.ranks, key=lambda r: r.device.peak.total)
+    print_comparison(estimate(scenario).allocated, worst.device, "measured (worst rank)")
+    return 0
+
+
 def _cmd_models(a) -> int:
     from memfit.catalog import models
     from memfit.inventory import count_params
@@ -267,6 +288,12 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--compare", action="store_true", help="also print memfit's analytic estimate beside the trace")
     tr.add_argument("--json", action="store_true")
     tr.set_defaults(run=_cmd_trace)
+    me = sub.add_parser("measure", help="run real steps on the real engine (needs memfit[measure]; CUDA or CPU+gloo)")
+    add_scenario_arguments(me)
+    me.add_argument("--steps", type=_int, default=3, help="training steps before the checkpoint save and resume")
+    me.add_argument("--weights", help="a local folder with real weights (default: random init from the catalog)")
+    me.add_argument("--json", action="store_true")
+    me.set_defaults(run=_cmd_measure)
     from memfit.fit_cli import add_fit_command
     from memfit.plan_cli import add_plan_command
 
