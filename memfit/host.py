@@ -26,12 +26,14 @@ def _load_copies(s: Scenario, model_bytes: int) -> int:
 
 
 def _offloaded(ms: ModelStates, g: int) -> dict[str, int]:
-    parts = {"optimizer_states": 0, "gradients": 0, "weights": 0, "engine_buffers": 0}
+    """Offloaded buffers by category; the pinned allocator's power-of-two rounding is runtime overhead."""
+    parts = {"optimizer_states": 0, "gradients": 0, "weights": 0, "engine_buffers": 0, "runtime_overhead": 0}
     for buf in ms.host:
         name = buf.name.lower()
         key = ("gradients" if "grad" in name else "optimizer_states" if ("adam" in name or "master" in name)
                else "weights" if "param" in name else "engine_buffers")
-        parts[key] += buf.resident * g
+        parts[key] += buf.nbytes * g
+        parts["runtime_overhead"] += (buf.resident - buf.nbytes) * g
     return parts
 
 
@@ -40,7 +42,8 @@ def host_profile(s: Scenario, tensors: list[ParamTensor], ms: ModelStates, act: 
     base = {"runtime_overhead": overheads.PROCESS_HOST_BASELINE * g}
     model_bytes = sum(t.total for t in tensors if t.kind != "lora") * s.compute_bytes
     psi = sum(t.total for t in tensors if t.trainable)
-    steady = dict(base, **_offloaded(ms, g))
+    offloaded = _offloaded(ms, g)
+    steady = {**base, **offloaded, "runtime_overhead": base["runtime_overhead"] + offloaded["runtime_overhead"]}
     steady["activations"] = act.host_offloaded * g
     # weights load before the engine exists: offload buffers are allocated later, by deepspeed.initialize
     load = dict(base, weights=_load_copies(s, model_bytes))

@@ -187,7 +187,10 @@ def fsdp_states(s: Scenario, tensors: list[ParamTensor]) -> ModelStates:
         gathered_backward=2 * unit,
         grads_between_steps=grads // n if s.grad_accum > 1 else 0,
         grads_after_backward=grads // n,
-        grads_unreduced=_layer_bytes(s, trainable) * s.compute_bytes,
+        # FSDP2 reduce-scatters the root group (embeddings, head, final norm) from an fp32 copy of its
+        # whole gradient, beside the unsharded gradient itself (measured)
+        grads_unreduced=max(_layer_bytes(s, trainable) * s.compute_bytes,
+                            2 * 4 * sum(t.total for t in trainable if not t.per_layer)),
         optimizer=states // n,
         step_temporaries=temps // n,
         paged_optimizer=paged // n,
@@ -243,7 +246,7 @@ def deepspeed_states(s: Scenario, tensors: list[ParamTensor]) -> ModelStates:
     elif ds.stage in (1, 2):
         ms = _zero12_states(s, tensors, psi, part, frozen, lp, accum)
     else:
-        gpu_share = _ratio_gpu_share(s, psi) if ds.offload_optimizer != "none" else 1.0
+        gpu_share = _ratio_gpu_share(s, tensors) if ds.offload_optimizer != "none" else 1.0
         ms = _zero3_states(s, tensors, psi, frozen, lp, accum, gpu_share)
     adam_on_host = sum(b.nbytes for b in ms.host if "Adam" in b.name)
     optimizer_file = 12 * (psi if ds.stage == 0 else part)  # fp32 master + m + v, torch.load without mmap
@@ -275,31 +278,55 @@ def _zero12_states(s, tensors, psi, part, frozen, lp, accum) -> ModelStates:
     ms = ModelStates(weights=int(frozen) + psi * lp)  # bit16_groups_flat is whole on every rank
     # grads_in_partition lives from the first reduction to the end of the step (and across micro-steps);
     # ZeRO-1 also holds each param's full bf16 grad until its bucket is reduced
-    ms.grads_after_backward = psi * accum if ds.stage == 1 else part * accum
+    ms.grads_after_backward = part * accum
+    if ds.stage == 1:  # the full bf16 param.grad lives until its bucket is reduced
+        ms.grads_unreduced = (psi - part) * accum
     ms.grads_between_steps = part * accum if s.grad_accum > 1 else 0
     if ds.contiguous_gradients or offload:
         ms.backward_buffers = ds.reduce_bucket_size * lp * (2 if ds.overlap else 1) + min(
             ds.reduce_bucket_size, psi) * lp  # buckets + flatten of the bucket being reduced
-    ms.load_transient = max(psi * lp, 8 * part)  # flatten beside the module's params; master + zero grads
+    # flatten beside the module's params; then the fp32 master and a zero grad partition (on the host if offloaded)
+    ms.load_transient = psi * lp if offload else max(psi * lp, 8 * part)
     if not offload:
         ms.optimizer = 12 * part
         ms.step_grads = 6 * part  # flatten (accum dtype) then .to(fp32) of the partition
         return ms
     ms.engine_buffers = largest * lp  # temp_grad_buffer_for_gpu_offload
     ms.grads_between_steps = 0
-    ms.grads_after_backward = psi * accum if ds.stage == 1 else 0
+    ms.grads_after_backward = 0
+    # in flight while the largest param's grad goes to the host: its bf16 grad, fp32 norm and copy slices
+    # (set_norm_for_param_grad_in_gpu, async_accumulate_grad_in_cpu_via_gpu); ZeRO-1 also holds every full grad
+    ms.grads_unreduced = 8 * largest + ((psi - largest) * accum if ds.stage == 1 else 0)
     ms.host = _offload_host_stage12(s, part, largest, lp)
     return ms
 
 
-def _ratio_gpu_share(s: Scenario, psi: int) -> float:
-    """Fraction of the optimizer partition that stays on the GPU under `ratio` (ZeRO-3 only): the
-    first floor((1 - ratio) * S) of S sub-groups (stage3.py _create_fp32_partitions)."""
+def _ratio_gpu_share(s: Scenario, tensors: list[ParamTensor]) -> float:
+    """Fraction of the optimizer partition that stays on the GPU under `ratio` (ZeRO-3 only): the first
+    int((1 - ratio) * S) of the S sub-groups, which stage3.py cuts at parameter boundaries once a group
+    holds sub_group_size partition elements (_create_fp16_sub_groups, _create_fp32_partitions)."""
     ds = s.deepspeed
-    part = -(-psi // s.world_size)
-    groups = max(1, -(-part // ds.sub_group_size))
-    on_gpu = int((1 - ds.ratio) * groups)
-    return on_gpu / groups
+    n = s.world_size
+    groups, current = [], 0
+    for numel in _partition_order(s, [t for t in tensors if t.trainable]):
+        current += -(-numel // n)
+        if current >= ds.sub_group_size:
+            groups.append(current)
+            current = 0
+    if current:
+        groups.append(current)
+    on_gpu = int((1 - ds.ratio) * len(groups))
+    return sum(groups[:on_gpu]) / max(sum(groups), 1)
+
+
+def _partition_order(s: Scenario, tensors: list[ParamTensor]) -> list[int]:
+    """Parameter sizes in module order: embeddings, each decoder layer's tensors, then the rest."""
+    head = [t.numel for t in tensors if not t.per_layer and t.kind == "embedding" for _ in range(t.count)]
+    layers = max(s.model.num_layers, 1)
+    per_layer = [t for t in tensors if t.per_layer]
+    body = [t.numel for _ in range(layers) for t in per_layer for _ in range(max(1, t.count // layers))]
+    tail = [t.numel for t in tensors if not t.per_layer and t.kind != "embedding" for _ in range(t.count)]
+    return head + body + tail
 
 
 def _zero3_states(s, tensors, psi, frozen, lp, accum, gpu_share) -> ModelStates:

@@ -120,7 +120,7 @@ def test_no_flash_attention_below_compute_capability_8(scenario):
 def test_ratio_comes_with_a_sub_group_size_that_makes_it_act(scenario):
     """DeepSpeed keeps sub-group i on the GPU iff i < int((1 - ratio) * groups): a ratio row must split the
     partition so that at least one sub-group stays on the GPU."""
-    rows = plan(scenario(**QWEN), set(), None, top_k=10)
+    rows = plan(scenario(**{**QWEN, "profile": "hf-trainer"}), set(), None, top_k=10)
     ratio_rows = [r for r in rows if r.scenario.deepspeed and r.scenario.deepspeed.ratio < 1]
     assert ratio_rows
     for r in ratio_rows:
@@ -128,6 +128,13 @@ def test_ratio_comes_with_a_sub_group_size_that_makes_it_act(scenario):
         part = -(-estimate(r.scenario).trainable_params // r.scenario.world_size)
         groups = -(-part // ds.sub_group_size)
         assert int((1 - ds.ratio) * groups) >= 1
+
+
+def test_openrlhf_plans_carry_no_knob_its_command_line_lacks(scenario):
+    # OpenRLHF writes its DeepSpeed offload block in code: no ratio, sub-group size or pin_memory flag
+    for r in plan(scenario(**QWEN), set(), None, top_k=10):
+        ds = r.scenario.deepspeed
+        assert ds.ratio == 1.0 and ds.pin_memory is True
 
 
 def test_changes_name_the_start_and_the_plan(scenario):
