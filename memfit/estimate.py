@@ -184,14 +184,14 @@ def estimate(s: Scenario) -> Estimate:
         reserved=reserved,
         device_total=total,
         host=host,
-        verdict=_verdict(margin, capacity, host_margin),
+        verdict=verdict_of(margin, capacity, host_margin),
         margin_bytes=margin,
         host_margin_bytes=host_margin,
         assumptions=list(s.assumed) + ms.notes,
     )
 
 
-def _verdict(margin: int, capacity: int, host_margin: int | None) -> str:
+def verdict_of(margin: int, capacity: int, host_margin: int | None) -> str:
     if margin < 0:
         return "oom"
     if host_margin is not None and host_margin < 0:

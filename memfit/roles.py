@@ -20,7 +20,7 @@ from memfit.activations import _attention_per_token
 from memfit.breakdown import PHASES, Breakdown, PhaseProfile
 from memfit.catalog import find_model
 from memfit.errors import MemfitError
-from memfit.estimate import TIGHT_FRACTION, reserved_profile
+from memfit.estimate import reserved_profile, verdict_of
 from memfit.role_memory import (FrozenRole, Generator, TrainedRole, framework_facts, frozen_host, frozen_role,
                                 generator_facts, method_facts, trained_role)
 from memfit.scenario import Hardware, RlConfig, Scenario
@@ -96,7 +96,7 @@ class GpuGroup:
             "name": self.name, "gpus": self.gpus, "processes_per_gpu": len(self.processes),
             "processes": list(self.processes), "roles": list(self.roles), "peak_moment": self.peak_moment,
             "peak_bytes": self.peak, "margin_bytes": self.margin_bytes,
-            "verdict": _verdict(self.margin_bytes, self.capacity, None),
+            "verdict": verdict_of(self.margin_bytes, self.capacity, None),
             "moments": {m: {r: b.to_json() for r, b in roles.items()} for m, roles in self.moments.items()},
             "device_total": self.device_total.to_json(),
         }
@@ -182,14 +182,6 @@ class MultiEstimate:
             "drivers": dict(self.drivers),
             "assumptions": list(self.assumptions),
         }
-
-
-def _verdict(margin: int, capacity: int, host_margin: int | None) -> str:
-    if margin < 0:
-        return "oom"
-    if host_margin is not None and host_margin < 0:
-        return "host_oom"
-    return "tight" if margin < TIGHT_FRACTION * capacity else "fits"
 
 
 # ---------------------------------------------------------------------------------------------- settle
@@ -596,7 +588,7 @@ def estimate_roles(s: Scenario) -> MultiEstimate:
     return MultiEstimate(
         scenario=s, method=s.method, total_params=policy.params, trainable_params=policy.trainable,
         allocated=worst.allocated, reserved=worst.reserved, device_total=worst.device_total, host=host,
-        verdict=_verdict(worst.margin_bytes, capacity, host_margin), margin_bytes=worst.margin_bytes,
+        verdict=verdict_of(worst.margin_bytes, capacity, host_margin), margin_bytes=worst.margin_bytes,
         host_margin_bytes=host_margin, roles=roles, groups=groups, worst_group=worst.name,
         drivers=extra["drivers"], gpus_needed=extra.get("needed", s.world_size),
         assumptions=[f"method {s.method}: {facts['description']}", f"framework facts: {fw['source']}",
