@@ -204,6 +204,10 @@ def scenario_for(case: dict):
         knobs["autocast"] = False
     elif "autocast" in precision_text:
         knobs["autocast"] = True
+    if case["id"].startswith("fms-") and "bnb" in (case.get("quantization") or ""):
+        # fms-acceleration's benchmark environment for refs/a100_80gb.csv (scripts/benchmarks/refs/
+        # requirements.txt at that commit): bitsandbytes 0.43.1, whose MatMul4Bit kept its input on ctx
+        knobs["bnb_saves_input"] = True
     if "framework_config=accelerated-peft" in (case.get("source_detail") or ""):
         knobs["kbit_upcast"] = False  # the fms plugin prepares the quantized model itself, without PEFT's upcast
     if "dora" in (case.get("method") or "").lower():

@@ -116,6 +116,8 @@ def _group_inputs(s: Scenario, b: int, rb: int, adapters: list[ParamTensor]) -> 
     adapted = _adapted(s, adapters)
     ab = s.adapter_bytes
     trainable_base = s.tuning in ("full", "freeze")
+    # old bitsandbytes MatMul4Bit kept its input A on ctx for every 4-bit Linear, frozen or not
+    saves_input = trainable_base or (s.tuning == "qlora" and s.bnb_saves_input)
     autocast = s.runs_autocast
     groups = {"attn_in": ({"q", "k", "v"}, m.hidden_size, rb), "o": ({"o"}, m.num_heads * m.head_dim, b),
               "mlp_in": ({"gate", "up", "fc"}, m.hidden_size, rb), "down": ({"down", "proj"}, m.intermediate_size, b)}
@@ -124,7 +126,7 @@ def _group_inputs(s: Scenario, b: int, rb: int, adapters: list[ParamTensor]) -> 
         modules = [mod for mod, r in m.linear_names.items() if set(r) & roles]
         cost = 0.0
         shared = False
-        if trainable_base:
+        if saves_input:
             if autocast and xb == 4:
                 cost += 2 * width * len(modules)  # each Linear's bf16 autocast copy
             else:

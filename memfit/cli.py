@@ -73,6 +73,8 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--attn", help="eager, sdpa, flash")
     t.add_argument("--padding", help="padded, packed, padding_free")
     t.add_argument("--loss", help="standard, liger, chunked_nll, chunked_output")
+    t.add_argument("--bnb-saves-input", action="store_true", default=None,
+                   help="bitsandbytes < 0.43.2: every 4-bit Linear keeps its input for backward")
     t.add_argument("--kbit-upcast", action="store_true", default=None,
                    help="PEFT prepare_model_for_kbit_training (QLoRA): non-4-bit params to fp32")
     e = p.add_argument_group("engine")
@@ -134,6 +136,7 @@ def scenario_from_args(a: argparse.Namespace):
         "micro_batch": a.micro_batch, "seq_len": a.seq, "grad_accum": a.grad_accum,
         "checkpointing": a.ckpt, "checkpoint_every_n": a.ckpt_every, "reentrant": a.reentrant,
         "attention": a.attn, "padding": a.padding, "loss": a.loss, "kbit_upcast": a.kbit_upcast,
+        "bnb_saves_input": a.bnb_saves_input,
         "engine": a.engine, "zero_stage": a.zero, "offload_optimizer": a.offload_optimizer,
         "offload_param": a.offload_param, "ratio": a.ratio, "pin_memory": a.pin_memory,
         "reduce_bucket_size": a.reduce_bucket_size, "overlap_comm": a.overlap_comm,

@@ -94,6 +94,7 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs: dict, profile_na
         micro_batch=knobs.get("micro_batch", 1), seq_len=knobs.get("seq_len", 2048),
         grad_accum=knobs.get("grad_accum", 1), checkpoint_every_n=knobs.get("checkpoint_every_n", 1),
         optimizer_in_backward=knobs.get("optimizer_in_backward", False),
+        bnb_saves_input=knobs.get("bnb_saves_input", False),
         double_quant=knobs.get("double_quant", True), 
         freeze_trainable_layers=knobs.get("freeze_trainable_layers", 2), method=knobs.get("method", "sft"),
         profile=profile_name, assumed=tuple(assumed), **values,

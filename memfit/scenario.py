@@ -228,6 +228,7 @@ class Scenario:
     freeze_trainable_layers: int = 2
     double_quant: bool = True  # bitsandbytes double quantization of the 4-bit absmax (QLoRA)
     kbit_upcast: bool = False  # PEFT prepare_model_for_kbit_training: non-4-bit params to fp32 (knobs D)
+    bnb_saves_input: bool = False  # bitsandbytes < 0.43.2 kept each 4-bit Linear's input on ctx (PR #1270)
     low_cpu_mem_usage: bool = True
     profile: str = "hf-trainer"
     rl: RlConfig | None = None  # preference / RL knobs (issue 6); None for sft / pt

@@ -104,3 +104,18 @@ def test_qlora_stores_decoder_linears_in_4bit(scenario, upcast, other_bytes):
     adapters = sum(t.total for t in tensors if t.trainable)
     nf4_dq = 0.5 + 1 / 64 + 4 / (64 * 256)
     assert ms.weights == int(quantized * nf4_dq + other_frozen * other_bytes) + adapters * 4
+
+
+def test_old_bitsandbytes_keeps_every_4bit_linear_input(scenario):
+    # bitsandbytes < 0.43.2 MatMul4Bit stored its input A on ctx (fixed by PR #1270): with LoRA on q,k,v,o
+    # only, the MLP's 4-bit Linears now keep their inputs too: the normed input (2h) and the product (2I)
+    from memfit.activations import activations
+
+    common = dict(model="mistral-7b", gpu="a100-80gb", tuning="qlora", lora_rank=16, kbit_upcast=False,
+                  lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"), micro_batch=2, seq_len=1024,
+                  attention="flash", padding="packed")
+    old, new = scenario(bnb_saves_input=True, **common), scenario(**common)
+    adapters = [t for t in _states(new)[0] if t.kind == "lora"]
+    extra = activations(old, adapters).layer_saved - activations(new, adapters).layer_saved
+    m = old.model
+    assert extra == 2048 * (2 * m.hidden_size + 2 * m.intermediate_size)
