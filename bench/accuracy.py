@@ -294,7 +294,8 @@ class TraceCache:
         """One entry per line (readable diffs), written atomically."""
         lines = [f"{json.dumps(k)}: {json.dumps(self.entries[k], sort_keys=True, separators=(',', ':'))}"
                  for k in sorted(self.entries)]
-        body = '{"schema": "%s",\n"entries": {\n%s\n}}\n' % (CACHE_SCHEMA, ",\n".join(lines))
+        entries = ",\n".join(lines)
+        body = f'{{"schema": "{CACHE_SCHEMA}",\n"entries": {{\n{entries}\n}}}}\n'
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(body)
         os.replace(tmp, self.path)
@@ -511,12 +512,7 @@ def compare(row: GridRow, scenario: Scenario, est: Estimate, entry: dict, stale:
 
 
 def evaluate(rows: list[GridRow], cache: TraceCache) -> list[Comparison]:
-    code = trace_code_hash()
-    versions = None
-    try:
-        versions = library_versions()
-    except Exception:  # noqa: BLE001 - importlib.metadata only; never fatal
-        pass
+    code, versions = trace_code_hash(), library_versions()
     out = []
     for row in rows:
         try:

@@ -253,7 +253,7 @@ def run_llm_analysis(requests: list[dict]) -> list[dict] | str:
     if not Path(LLM_ANALYSIS_PYTHON).exists():
         return f"not installed ({LLM_ANALYSIS_PYTHON} missing; see bench/peers.py docstring)"
     proc = subprocess.run([LLM_ANALYSIS_PYTHON, "-c", _LLM_ANALYSIS_RUNNER], input=json.dumps(requests),
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, check=False)
     if proc.returncode != 0:
         return f"failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}"
     return json.loads(proc.stdout)
