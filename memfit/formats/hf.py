@@ -253,15 +253,17 @@ def _flag(doc: dict, key: str, value, default) -> None:
         doc[key] = value
 
 
+# Knobs that are one TrainingArguments key each, written as they are.
+SAME_VALUE_KEYS = {"micro_batch": "per_device_train_batch_size", "grad_accum": "gradient_accumulation_steps"}
+
+
 def apply(doc: dict, changes: dict, imported: ImportedConfig) -> dict:
     doc = doc_copy(doc)
     variant = imported.variant.split(":")[0]
     trl = variant in ("sft", "dpo")
     for knob, value in changes.items():
-        if knob == "micro_batch":
-            doc["per_device_train_batch_size"] = value
-        elif knob == "grad_accum":
-            doc["gradient_accumulation_steps"] = value
+        if knob in SAME_VALUE_KEYS:
+            doc[SAME_VALUE_KEYS[knob]] = value
         elif knob == "checkpointing":
             if value not in ("full", "off", None):
                 raise cannot(imported, knob, value, "transformers has full activation checkpointing or none")

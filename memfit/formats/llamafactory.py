@@ -223,27 +223,27 @@ def _flag(doc: dict, key: str, value: bool, default: bool) -> None:
         doc[key] = value
 
 
+# Knobs that are one YAML key each, written as they are.
+SAME_VALUE_KEYS = {"lora_rank": "lora_rank", "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout",
+                   "freeze_trainable_layers": "freeze_trainable_layers", "micro_batch": "per_device_train_batch_size",
+                   "grad_accum": "gradient_accumulation_steps", "seq_len": "cutoff_len"}
+
+
 def apply(doc: dict, changes: dict, imported: ImportedConfig) -> dict:
     doc = doc_copy(doc)
     for knob, value in changes.items():
-        if knob == "tuning":
+        if knob in SAME_VALUE_KEYS:
+            doc[SAME_VALUE_KEYS[knob]] = value
+        elif knob == "tuning":
             if value in ("full", "freeze", "lora", None):
                 doc["finetuning_type"] = value or "lora"
                 doc.pop("quantization_bit", None)
             elif value == "qlora":
                 doc["finetuning_type"], doc["quantization_bit"] = "lora", 4
-        elif knob == "lora_rank":
-            doc["lora_rank"] = value
-        elif knob == "lora_alpha":
-            doc["lora_alpha"] = value
-        elif knob == "lora_dropout":
-            doc["lora_dropout"] = value
         elif knob == "lora_targets":
             doc["lora_target"] = "all" if tuple(value or ("all-linear",)) == ("all-linear",) else ",".join(value)
         elif knob == "dora":
             _flag(doc, "use_dora", bool(value), False)
-        elif knob == "freeze_trainable_layers":
-            doc["freeze_trainable_layers"] = value
         elif knob == "double_quant":
             _flag(doc, "double_quantization", value is not False, True)
         elif knob == "checkpointing":
@@ -264,12 +264,6 @@ def apply(doc: dict, changes: dict, imported: ImportedConfig) -> dict:
             pure = changes.get("precision", imported.knobs.get("precision")) == "bf16-pure"
             if (value == "bf16") != pure and value is not None:
                 raise cannot(imported, knob, value, "LLaMA-Factory keeps adapters in bf16 only with pure_bf16")
-        elif knob == "micro_batch":
-            doc["per_device_train_batch_size"] = value
-        elif knob == "grad_accum":
-            doc["gradient_accumulation_steps"] = value
-        elif knob == "seq_len":
-            doc["cutoff_len"] = value
         elif knob == "loss":
             if value not in ("liger", "standard", None):
                 raise cannot(imported, knob, value, "LLaMA-Factory has the standard loss or enable_liger_kernel")
