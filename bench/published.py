@@ -241,23 +241,34 @@ def evaluate(case: dict) -> Row:
     return row
 
 
-def summarize(rows: list[Row]) -> dict:
+def _accuracy(rows: list[Row]) -> dict:
     numeric = [r for r in rows if r.error_pct is not None and r.case.get("reliability") in ("high", "medium")]
     errs = sorted(abs(r.error_pct) for r in numeric)
     labels = [r for r in rows if r.label_ok is not None]
-    skipped = [r for r in rows if r.skip]
-    reasons: dict[str, int] = {}
-    for r in skipped:
-        reasons[r.skip] = reasons.get(r.skip, 0) + 1
     return {
         "n_numeric": len(numeric),
         "median_abs_pct_error": round(statistics.median(errs), 2) if errs else None,
         "p90_abs_pct_error": round(errs[min(len(errs) - 1, int(0.9 * len(errs)))], 2) if errs else None,
         "n_labels": len(labels),
         "label_accuracy": round(sum(r.label_ok for r in labels) / len(labels), 4) if labels else None,
-        "n_skipped": len(skipped),
-        "skipped_reasons": reasons,
     }
+
+
+def _is_moe(case: dict) -> bool:
+    try:
+        return find_model(_model_name(case)).is_moe
+    except MemfitError:
+        return False
+
+
+def summarize(rows: list[Row]) -> dict:
+    skipped = [r for r in rows if r.skip]
+    reasons: dict[str, int] = {}
+    for r in skipped:
+        reasons[r.skip] = reasons.get(r.skip, 0) + 1
+    # issue 6 holds mixture-of-experts cases to the same bar as the whole set, so they get their own line
+    moe = _accuracy([r for r in rows if _is_moe(r.case)])
+    return {**_accuracy(rows), "n_skipped": len(skipped), "skipped_reasons": reasons, "moe": moe}
 
 
 def print_rows(rows: list[Row]) -> None:

@@ -83,8 +83,9 @@ def _forward(ms: ModelStates, act: Activations, runtime: int) -> Breakdown:
 
 
 def _backward(ms: ModelStates, act: Activations, runtime: int, head_grads: int) -> Breakdown:
-    """The larger of: backward's start (loss gradients over every saved activation) and its end
-    (all gradients, the first layer recomputed and differentiated)."""
+    """The largest of: backward's start (loss gradients over every saved activation), its end (all
+    gradients, the first layer recomputed and differentiated), and, where an engine reduces gradients
+    in flight, the head's reduction (activations still saved) and the last one (activations gone)."""
     base = _static(ms, runtime)
     base["weights"] += ms.gathered_backward
     base["engine_buffers"] += ms.backward_buffers
@@ -105,7 +106,14 @@ def _backward(ms: ModelStates, act: Activations, runtime: int, head_grads: int) 
                        # the gradient arriving at the layer's output (its input's shape) waits while it recomputes
                        activations=act.saved_total - act.outside_layers + act.output_grad
                        + max(act.recompute + act.layer_backward_transient, act.layer_forward_transient))
-    return max((Breakdown(p) for p in (start, end, first_layer)), key=lambda b: b.total)
+    moments = [start, end, first_layer]
+    if ms.head_reduce:
+        moments.append(dict(base, weights=base["weights"] + saved_casts, activations=act.saved_total,
+                            gradients=ms.grads_between_steps + ms.head_reduce))
+    if ms.last_reduce:  # gathered params are released and every layer's activations freed by then
+        moments.append(dict(base, weights=base["weights"] - ms.gathered_backward,
+                            gradients=max(ms.grads_after_backward, ms.grads_between_steps) + ms.last_reduce))
+    return max((Breakdown(p) for p in moments), key=lambda b: b.total)
 
 
 def _optimizer_step(ms: ModelStates, runtime: int) -> Breakdown:
@@ -143,7 +151,7 @@ def allocated_profile(s: Scenario, tensors: list[ParamTensor], ms: ModelStates, 
 def _churn(b: Breakdown, ms: ModelStates) -> int:
     """Bytes at this moment that are allocated and freed within a step (what fragments the cache)."""
     return (b.get("activations") + b.get("logits_loss") + ms.step_grads + ms.step_temporaries
-            + ms.gathered_forward + ms.grads_unreduced)
+            + ms.gathered_forward + max(ms.grads_unreduced, ms.head_reduce, ms.last_reduce))
 
 
 def reserved_profile(alloc: PhaseProfile, ms: ModelStates) -> PhaseProfile:

@@ -41,17 +41,19 @@ def host_profile(s: Scenario, tensors: list[ParamTensor], ms: ModelStates, act: 
     g = s.hardware.gpus_per_node
     base = {"runtime_overhead": overheads.PROCESS_HOST_BASELINE * g}
     model_bytes = sum(t.total for t in tensors if t.kind != "lora") * s.compute_bytes
+    # PEFT adds the adapters on each rank's host copy, in their own dtype, before the engine moves or casts them
+    adapters = sum(t.total for t in tensors if t.kind == "lora") * (4 if s.adapter_dtype == "fp32" else s.compute_bytes)
     psi = sum(t.total for t in tensors if t.trainable)
     offloaded = _offloaded(ms, g)
     steady = {**base, **offloaded, "runtime_overhead": base["runtime_overhead"] + offloaded["runtime_overhead"]}
     steady["activations"] = act.host_offloaded * g
     # weights load before the engine exists: offload buffers are allocated later, by deepspeed.initialize
-    load = dict(base, weights=_load_copies(s, model_bytes))
+    load = dict(base, weights=_load_copies(s, model_bytes) + g * adapters)
     # a DeepSpeed checkpoint writes each rank's own partitions; torch.save streams their storages
     save = dict(steady)
     resume = dict(steady)
     # each rank torch.loads its checkpoint files at once, without mmap (knobs.md A.8, FINDINGS.md)
-    resume["optimizer_states"] += g * (ms.resume_host if s.engine == "deepspeed" else 12 * psi)
+    resume["optimizer_states"] += g * (ms.resume_host if s.engine in ("deepspeed", "fsdp") else 12 * psi)
     return PhaseProfile({
         "load": Breakdown(load),
         "forward": Breakdown(steady),

@@ -16,6 +16,10 @@ from memfit.scenario import Scenario
 DDP_BUCKET_COPY = True
 # bitsandbytes 8-bit Adam: 1 B per state x 2 states, plus an fp32 absmax per 256-element block each.
 ADAM8BIT_BYTES = 2 + 2 * 4 / 256
+# DeepSpeed takes gradient norms in fp64 wherever the accelerator has it (CUDA does):
+# deepspeed/runtime/zero/utils.py::get_norm_dtype; ZeRO-1/2 offload copies each param's partition slice
+# to it in backward (stage_1_and_2.py::set_norm_for_param_grad_in_gpu).
+NORM_BYTES = 8
 
 
 @dataclass
@@ -43,6 +47,12 @@ class ModelStates:
     grads_between_steps: int = 0  # gradient storage that exists during forward
     grads_after_backward: int = 0  # all gradient storage at the end of backward
     grads_unreduced: int = 0  # full-size grads of one module waiting for reduce-scatter
+    # gradient bytes in flight while the output head's gradient is reduced, right after the head's backward
+    # (every activation still saved, the loss buffers gone): ZeRO-1/2 offload
+    head_reduce: int = 0
+    # ... while the last gradient of backward is reduced, after every layer's activations and gathered
+    # params are gone (ZeRO-1/2 offload: the first param's; FSDP2: the root group's)
+    last_reduce: int = 0
     optimizer: int = 0
     step_grads: int = 0  # extra gradient copies made inside optimizer.step (fp32 flatten/upcast)
     step_temporaries: int = 0  # optimizer math temporaries (foreach lists, sub-group scratch)
@@ -63,21 +73,24 @@ def _sum(tensors, pred=lambda t: True) -> int:
     return sum(t.total for t in tensors if pred(t))
 
 
+def _quantized_bytes(s: Scenario) -> float:
+    if s.model.quantization == "gptq-int4":
+        return GPTQ_BYTES_PER_GROUP_OF_128
+    return NF4_DQ_BYTES if s.double_quant else NF4_BYTES
+
+
 def _frozen_bytes(s: Scenario, tensors: list[ParamTensor]) -> float:
     """Bytes of frozen weights: 4-bit storage for quantized linears, compute dtype for the rest."""
-    qbytes = NF4_DQ_BYTES if s.double_quant else NF4_BYTES
-    if s.model.quantization == "gptq-int4":
-        qbytes = GPTQ_BYTES_PER_GROUP_OF_128
     frozen_dtype = 4 if s.precision == "fp32" or s.kbit_upcast and s.tuning == "qlora" else s.compute_bytes
-    total = 0.0
-    for t in tensors:
-        if t.trainable:
-            continue
-        if t.quantized:
-            total += t.total * qbytes
-        else:
-            total += t.total * frozen_dtype
-    return total
+    return sum(t.total * (_quantized_bytes(s) if t.quantized else frozen_dtype) for t in tensors if not t.trainable)
+
+
+def _gathered_layer_bytes(s: Scenario, tensors: list[ParamTensor]) -> float:
+    """Bytes of one gathered FSDP unit: quantized linears travel packed (bnb quant_storage / GPTQ qweight),
+    the rest in the compute dtype."""
+    per = [t.total * (_quantized_bytes(s) if t.quantized else s.compute_bytes) for t in tensors if t.per_layer]
+    outside = [t.total * s.compute_bytes for t in tensors if not t.per_layer]
+    return max(sum(per) / max(s.model.num_layers, 1), max(outside, default=0))
 
 
 def trainable_dtype_bytes(s: Scenario, t: ParamTensor) -> int:
@@ -180,29 +193,41 @@ def fsdp_states(s: Scenario, tensors: list[ParamTensor]) -> ModelStates:
     grads = sum(t.total * trainable_dtype_bytes(s, t) for t in trainable)
     states, temps, paged = _torch_optimizer(s, trainable)
     frozen = _frozen_bytes(s, tensors)
-    unit = _layer_bytes(s, tensors) * s.compute_bytes  # one decoder layer unsharded, in compute dtype
+    unit = int(_gathered_layer_bytes(s, tensors))  # one decoder layer unsharded
     ms = ModelStates(
         weights=int((frozen + grads) / n),
         gathered_forward=2 * unit,  # the running unit + the one prefetched
         gathered_backward=2 * unit,
         grads_between_steps=grads // n if s.grad_accum > 1 else 0,
         grads_after_backward=grads // n,
-        # FSDP2 reduce-scatters the root group (embeddings, head, final norm) from an fp32 copy of its
-        # whole gradient, beside the unsharded gradient itself (measured)
-        grads_unreduced=max(_layer_bytes(s, trainable) * s.compute_bytes,
-                            2 * 4 * sum(t.total for t in trainable if not t.per_layer)),
+        grads_unreduced=_layer_bytes(s, trainable) * s.compute_bytes,  # one layer's unsharded grads
+        last_reduce=_fsdp_root_reduce(s, trainable),
         optimizer=states // n,
         step_temporaries=temps // n,
         paged_optimizer=paged // n,
     )
     if s.fsdp.strategy == "shard_grad_op":
         ms.gathered_backward = ms.gathered_forward = int(frozen + grads) - ms.weights
+    # each rank saves and torch.loads its own shards (sharded state dict): params + optimizer (FINDINGS.md)
+    ms.resume_host = ms.weights + ms.optimizer
     if s.fsdp.cpu_offload:
         ms.host = [HostBuffer("sharded params + grads + optimizer (FSDP CPU offload)",
                               ms.weights + ms.grads_after_backward + ms.optimizer, pinned=True)]
         ms.weights = ms.grads_after_backward = ms.optimizer = ms.step_temporaries = 0
         ms.grads_between_steps = 0
     return ms
+
+
+def _fsdp_root_reduce(s: Scenario, trainable: list[ParamTensor]) -> int:
+    """The root group (embeddings, final norm, untied head) is reduce-scattered last, from a buffer of its
+    whole gradient in the reduce dtype (fp32 under a mixed MixedPrecisionPolicy, else the params' dtype;
+    _fsdp_collectives.py::foreach_reduce). The unsharded grads are freed after the copy-in except the
+    group's last one, which foreach_reduce's loop variable `unsharded_grad` keeps until it returns: the
+    untied head's (measured)."""
+    reduce_bytes = 4 if s.precision.endswith("mixed") else s.compute_bytes
+    root = sum(t.total for t in trainable if not t.per_layer)
+    head = sum(t.total for t in trainable if t.kind == "lm_head")
+    return reduce_bytes * root + head * s.compute_bytes
 
 
 def _layer_bytes(s: Scenario, tensors: list[ParamTensor]) -> int:
@@ -221,6 +246,8 @@ def _zero3_retained(s: Scenario, tensors: list[ParamTensor], max_reuse: int) -> 
     embed = sum(t.total for t in tensors if t.kind == "embedding")
     head = sum(t.total for t in tensors if t.kind == "lm_head")
     embed_trains = any(t.trainable for t in tensors if t.kind == "embedding")
+    if s.model.tie_embeddings:  # the head's weight is the embedding: gathered by the head, kept for its backward
+        head, embed_trains = embed, False
     retained, after = head, head  # the head is used again right away by its own backward
     for _ in range(layers):
         if 2 * after + layer > max_reuse:
@@ -251,8 +278,13 @@ def deepspeed_states(s: Scenario, tensors: list[ParamTensor]) -> ModelStates:
     adam_on_host = sum(b.nbytes for b in ms.host if "Adam" in b.name)
     optimizer_file = 12 * (psi if ds.stage == 0 else part)  # fp32 master + m + v, torch.load without mmap
     module_file = (2 * _sum(tensors) if ds.stage < 3 else 0)  # loaded and released before the optimizer file
+    # ZeRO-2/3 checkpoints also carry the frozen params (`frozen_param_fragments`: whole under ZeRO-2, this
+    # rank's partitions under ZeRO-3); _load_checkpoint hands them back in client_state, so they stay loaded
+    # beside the optimizer file (engine.py::_load_checkpoint, _get_param_fragment_func). Under ZeRO-2 they
+    # share the module file's storages in a CPU run (measured); a GPU run writes them twice (FINDINGS.md).
+    fragments = (int(frozen) if ds.stage == 2 else int(frozen / n) if ds.stage == 3 else 0)
     # with offload the loaded m, v become CPUAdam's state without a copy (FINDINGS.md, resume)
-    ms.resume_host = max(module_file, optimizer_file - adam_on_host + (module_file if ds.stage == 0 else 0))
+    ms.resume_host = max(module_file, fragments + optimizer_file - adam_on_host + (module_file if ds.stage == 0 else 0))
     ms.notes.append(f"DeepSpeed ZeRO-{ds.stage}: reduce bucket {ds.reduce_bucket_size:,} elements, "
                     f"overlap_comm {ds.overlap}")
     return ms
@@ -294,9 +326,20 @@ def _zero12_states(s, tensors, psi, part, frozen, lp, accum) -> ModelStates:
     ms.engine_buffers = largest * lp  # temp_grad_buffer_for_gpu_offload
     ms.grads_between_steps = 0
     ms.grads_after_backward = 0
-    # in flight while the largest param's grad goes to the host: its bf16 grad, fp32 norm and copy slices
-    # (set_norm_for_param_grad_in_gpu, async_accumulate_grad_in_cpu_via_gpu); ZeRO-1 also holds every full grad
-    ms.grads_unreduced = 8 * largest + ((psi - largest) * accum if ds.stage == 1 else 0)
+    # A param's gradient on its way to the host: the gradient itself (an oversized one is cloned out of
+    # autograd's buffer, reduce_independent_p_g_buckets_and_remove_grads) and the fp64 copy of its partition
+    # slice that set_norm_for_param_grad_in_gpu takes the norm of. The head's goes first, with every
+    # activation still saved (ZeRO-2, or ZeRO-1 with overlap_comm: reductions run in backward); the first
+    # param's (the embedding) goes last, after every layer. ZeRO-1 keeps every full gradient until the step.
+    order = _partition_order(s, trainable)
+    first = order[0] if order else 0
+    head = sum(t.numel for t in trainable if t.kind == "lm_head")
+    def in_flight(numel: int) -> int:
+        return numel * lp + NORM_BYTES * min(numel, part)
+
+    ms.grads_unreduced = (psi - first) * accum if ds.stage == 1 else 0
+    ms.last_reduce = ms.grads_unreduced + in_flight(first)
+    ms.head_reduce = in_flight(head) if (ds.stage == 2 or ds.overlap) else 0
     ms.host = _offload_host_stage12(s, part, largest, lp)
     return ms
 

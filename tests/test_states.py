@@ -106,6 +106,19 @@ def test_qlora_stores_decoder_linears_in_4bit(scenario, upcast, other_bytes):
     assert ms.weights == int(quantized * nf4_dq + other_frozen * other_bytes) + adapters * 4
 
 
+def test_fsdp_gathers_4bit_linears_packed_not_in_the_compute_dtype(scenario):
+    # FSDP flattens the bnb quant_storage bytes as they are, so a gathered QLoRA layer is ~0.5 B/param;
+    # gathering it as bf16 overstated Mixtral QLoRA on 2 GPUs by 3.7 GiB (fms-a100-61: 19.68 GiB measured)
+    s = scenario("mixtral-8x7b", gpu="a100-80gb", gpus=2, tuning="qlora", kbit_upcast=False, engine="fsdp",
+                 lora_rank=16, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"))
+    tensors, ms = _states(s)
+    nf4_dq = 0.5 + 1 / 64 + 4 / (64 * 256)
+    layer = [t for t in tensors if t.per_layer]
+    unit = sum(t.total * (nf4_dq if t.quantized else 2) for t in layer) / s.model.num_layers
+    assert ms.gathered_forward == 2 * int(unit)
+    assert ms.gathered_forward < 0.3 * 2 * 2 * sum(t.total for t in layer) / s.model.num_layers
+
+
 def test_old_bitsandbytes_keeps_every_4bit_linear_input(scenario):
     # bitsandbytes < 0.43.2 MatMul4Bit stored its input A on ctx (fixed by PR #1270): with LoRA on q,k,v,o
     # only, the MLP's 4-bit Linears now keep their inputs too: the normed input (2h) and the product (2I)
@@ -119,3 +132,74 @@ def test_old_bitsandbytes_keeps_every_4bit_linear_input(scenario):
     extra = activations(old, adapters).layer_saved - activations(new, adapters).layer_saved
     m = old.model
     assert extra == 2048 * (2 * m.hidden_size + 2 * m.intermediate_size)
+
+
+# ---------------------------------------------------------------- engine facts measured with bench/engine.py
+def test_zero2_offload_reduces_the_head_with_an_fp64_norm_copy_beside_every_activation(scenario):
+    # stage_1_and_2.py: the oversized head grad is cloned (bf16, 2 B) and set_norm_for_param_grad_in_gpu
+    # copies this rank's slice of it to fp64 (get_norm_dtype, 8 B) while every activation is still saved
+    s = scenario("llama-3.1-8b-instruct", gpu="a100-80gb", gpus=8, zero_stage=2, offload_optimizer="cpu",
+                 micro_batch=1, seq_len=1024)
+    tensors, ms = _states(s)
+    psi = sum(t.total for t in tensors if t.trainable)
+    part = -(-psi // 8)
+    vocab_h = 128256 * 4096  # untied lm_head = embedding size, both inside one partition (part ~ 1e9)
+    assert vocab_h < part
+    assert ms.head_reduce == 2 * vocab_h + 8 * vocab_h
+    assert ms.last_reduce == 2 * vocab_h + 8 * vocab_h  # the embedding's, after every layer
+    assert ms.grads_unreduced == 0
+    backward = estimate(s).allocated.phases["backward"]
+    # the head's reduction is its own moment: saved activations + head grad + fp64 copy, no loss buffers
+    assert backward.get("gradients") == ms.head_reduce
+    assert backward.get("logits_loss") == 0
+
+
+def test_zero1_offload_reduces_after_backward_with_every_full_grad_alive(scenario):
+    # ZeRO-1 without overlap_comm reduces nothing in backward: at the boundary the embedding (first in the
+    # flat group, rank 0's partition) is reduced while all 2-byte grads are still there
+    s = scenario("llama-3.1-8b-instruct", gpu="a100-80gb", gpus=8, zero_stage=1, offload_optimizer="cpu")
+    tensors, ms = _states(s)
+    psi = sum(t.total for t in tensors if t.trainable)
+    embed = 128256 * 4096
+    assert ms.head_reduce == 0
+    assert ms.last_reduce == 2 * psi + 8 * embed
+
+
+def test_zero3_keeps_a_tied_head_gathered_into_backward_even_when_frozen(scenario):
+    # the tied head's weight is the embedding: fetched by the head and kept for its backward (measured
+    # qwen2-25m LoRA ZeRO-3: + 2 B x vocab x hidden of gathered weights); the head is the first thing kept
+    from memfit.states import _zero3_retained
+
+    s = scenario("qwen2-1.5b-instruct", gpus=2, zero_stage=3, tuning="lora", lora_rank=16)
+    tensors, _ = _states(s)
+    assert _zero3_retained(s, tensors, max_reuse=0) == 151936 * 1536
+    u = scenario("llama-3.1-8b-instruct", gpus=2, zero_stage=3, tuning="lora", lora_rank=16)
+    assert _zero3_retained(u, _states(u)[0], max_reuse=0) == 128256 * 4096  # the untied lm_head
+
+
+def test_fsdp2_root_reduce_scatter_buffer_and_sharded_resume(scenario):
+    s = scenario("llama-3.1-8b-instruct", gpu="a100-80gb", gpus=8, fsdp_strategy="full_shard",
+                 precision="bf16-mixed")
+    tensors, ms = _states(s)
+    root = sum(t.total for t in tensors if t.trainable and not t.per_layer)
+    head = 128256 * 4096
+    # fp32 reduce-scatter input of the whole root group + the head's bf16 grad (foreach_reduce's loop variable)
+    assert ms.last_reduce == 4 * root + 2 * head
+    # each rank torch.loads its own shards: fp32 params + Adam m, v = 12 B / 8 per param
+    assert ms.resume_host == ms.weights + ms.optimizer
+    assert ms.resume_host == pytest.approx(12 * sum(t.total for t in tensors) / 8, rel=1e-3)
+    pure = scenario("llama-3.1-8b-instruct", gpu="a100-80gb", gpus=8, fsdp_strategy="full_shard",
+                    precision="bf16-pure")
+    assert _states(pure)[1].last_reduce == 2 * root + 2 * head  # no MixedPrecisionPolicy: bf16 reduce
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_lora_resume_holds_frozen_fragments_beside_the_optimizer_file(scenario, stage):
+    # engine.py::_load_checkpoint returns frozen_param_fragments in client_state: loaded beside the
+    # optimizer file (ZeRO-2 whole frozen params, ZeRO-3 this rank's partitions)
+    s = scenario("llama-3.1-8b-instruct", gpus=4, zero_stage=stage, tuning="lora", lora_rank=16)
+    tensors, ms = _states(s)
+    frozen = 2 * sum(t.total for t in tensors if not t.trainable)
+    part = -(-sum(t.total for t in tensors if t.trainable) // 4)
+    fragments = frozen if stage == 2 else frozen // 4
+    assert ms.resume_host == pytest.approx(fragments + 12 * part, abs=4)

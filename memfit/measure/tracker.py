@@ -37,6 +37,10 @@ LEARNABLE = ("deepspeed/", "optim/", "distributed/", "parallel/")
 NOT_LEARNABLE = ("runtime/engine.py:forward", "runtime/engine.py:backward", "runtime/engine.py:__call__",
                  "zero/linear.py:", "parallel/distributed.py:forward", "parallel/distributed.py:_run_ddp_forward")
 _CAST_OPS = {"aten._to_copy.default", "aten.to.dtype", "aten.to.dtype_layout", "aten._to_copy"}
+# Scratch of the CPU collective backend that a GPU run does not have: gloo's reduce-scatter clones its whole
+# input and all-reduces the clone (ProcessGroupGloo.cpp::reduce_scatter_tensor_coalesced); NCCL reduces into
+# the output. The clone shows up as the chunk views the calling thread takes of it; it is not counted.
+BACKEND_SCRATCH = ("distributed/distributed_c10d.py:reduce_scatter_single",)
 
 
 @dataclass
@@ -152,6 +156,8 @@ class MemoryTracker(TorchDispatchMode):
                 self._resize(entry, nbytes)
             return
         site = self._site() if nbytes >= BIG else "<small>"
+        if site.startswith(BACKEND_SCRATCH) and t.device.type == "cpu":
+            return
         category, side = self._initial_label(site, func, args)
         self._add(key, storage, Entry(nbytes, category, side, site))
 

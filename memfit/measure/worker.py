@@ -279,6 +279,11 @@ def main(argv: list[str]) -> int:
         deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl",
                                    verbose=False, timeout=timedelta(seconds=int(os.environ.get("MEMFIT_TIMEOUT", "600"))))
     install_patches(lambda: _CURRENT["tracker"])
+    # zero.Init replaces torch.nn.functional.linear with zero3_linear_wrap and never restores it
+    # (partition_parameters.py::_enable_mem_efficient_linear, "This will persist unless manually reset"):
+    # every later job in this process would run its Linear layers through LinearFunctionForZeroStage3, which
+    # under autocast saves the fp32 weight instead of caching its bf16 copy. Each job gets a fresh process's.
+    linear = torch.nn.functional.linear
     for i, job in enumerate(jobs):
         started = time.time()
         name = f"job{i}.rank{rank}"
@@ -293,6 +298,7 @@ def main(argv: list[str]) -> int:
                 # a failure on one rank can leave the other blocked in a collective; stop the batch
                 raise
         finally:
+            torch.nn.functional.linear = linear
             if dist.is_initialized():
                 dist.barrier()
             if rank == 0:

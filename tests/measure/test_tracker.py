@@ -94,3 +94,23 @@ def test_flash_attention_runs_as_sdpa_and_says_so():
     assert any("sdpa instead of flash" in n for n in notes)
     adjusted, notes = plan(_scenario(tuning="lora", lora=LoraConfig()))
     assert adjusted.adapter_dtype == "bf16"  # ZeRO-3 flattens one dtype per group
+
+
+def test_gloo_reduce_scatter_scratch_is_not_device_memory():
+    # ProcessGroupGloo::reduce_scatter_tensor_coalesced clones the whole input; NCCL has no such copy
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        tk = MemoryTracker()
+        with tk:
+            tk.set_phase("backward", 1)
+            inp = torch.ones(MB, dtype=torch.float32)  # 4 MiB
+            out = torch.empty(MB, dtype=torch.float32)
+            dist.reduce_scatter_tensor(out, inp)
+            assert tk.side_total["device"] == 8 * MB
+        assert tk.peaks[(1, "backward", "device")].total == 8 * MB
+    finally:
+        dist.destroy_process_group()
