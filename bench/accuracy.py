@@ -1,14 +1,17 @@
 """memfit's analytic estimate vs the fake-tensor trace of the real transformers/PEFT step, over a grid.
 
     python bench/accuracy.py                      # table + summary (trace results come from the cache)
-    python bench/accuracy.py --summary-json       # {"n", "median_abs_pct_error", "max_abs_pct_error", "phase_agreement"}
+    python bench/accuracy.py --summary-json       # {"n", "median_abs_pct_error", "max_abs_pct_error", "phase_agreement",
+                                                  #  "groups": {"dpo": {...}, "moe": {...}}}
     python bench/accuracy.py --quick              # ~20 rows
     python bench/accuracy.py --rows qwen3,lora    # rows whose id contains every comma-separated part
     python bench/accuracy.py --refresh --jobs 2   # re-trace (the selected rows) instead of reading the cache
 
 Every row is one single-GPU, plain-PyTorch (engine single) run on an A100-80GB: a catalog model x
 full/LoRA x checkpointing x attention x micro-batch x sequence length x bf16-pure/bf16-mixed x
-foreach/fused AdamW. For each row the estimate's *allocated* profile is compared with the trace's:
+foreach/fused AdamW. The headline summary is the 162-row SFT grid's; issue 6 adds DPO rows (OpenRLHF's
+step: policy + frozen bf16 reference on chosen + rejected rows, against `estimate_roles`) and more MoE
+families, summarised as groups. For each row the estimate's *allocated* profile is compared with the trace's:
 - total peak: the estimate counts only the categories the trace models (weights, gradients,
   optimizer states, activations, logits/loss); its runtime_overhead (cuBLAS workspace) and
   engine_buffers are left out, because the trace does not model them;
@@ -48,6 +51,7 @@ from memfit.catalog import ModelSpec, find_gpu, find_model  # noqa: E402
 from memfit.errors import MemfitError  # noqa: E402
 from memfit.estimate import Estimate, estimate  # noqa: E402
 from memfit.profiles import build_scenario  # noqa: E402
+from memfit.roles import estimate_roles  # noqa: E402
 from memfit.scenario import Hardware, Scenario  # noqa: E402
 
 CACHE_PATH = ROOT / "bench" / "trace_cache.json"
@@ -80,6 +84,7 @@ class GridRow:
     optimizer: str = "adamw-foreach"
     lora_rank: int = 16
     padding: str | None = None  # None = the hf-trainer default (padded)
+    method: str = "sft"  # dpo: OpenRLHF's DPO step (policy + reference, chosen + rejected rows)
 
     @property
     def id(self) -> str:
@@ -87,8 +92,13 @@ class GridRow:
         ckpt = "ckpt" if self.checkpointing != "off" else "nockpt"
         opt = self.optimizer.removeprefix("adamw-")
         pad = f"/{self.padding}" if self.padding else ""
-        return (f"{self.label}/{tuning}/{self.precision}/{opt}/{self.attention}/{ckpt}/"
+        method = "" if self.method == "sft" else f"{self.method}/"
+        return (f"{method}{self.label}/{tuning}/{self.precision}/{opt}/{self.attention}/{ckpt}/"
                 f"b{self.micro_batch}x{self.seq_len}{pad}")
+
+    @property
+    def profile(self) -> str:
+        return "hf-trainer" if self.method == "sft" else "openrlhf"  # the layout the DPO trace runs
 
     def knobs(self) -> dict:
         knobs = {"engine": "single", "tuning": self.tuning, "precision": self.precision,
@@ -96,12 +106,14 @@ class GridRow:
                  "micro_batch": self.micro_batch, "seq_len": self.seq_len, "padding": self.padding}
         if self.tuning == "lora":
             knobs["lora_rank"] = self.lora_rank
+        if self.method != "sft":
+            knobs["method"] = self.method
         return knobs
 
     def scenario(self) -> Scenario:
         spec = find_model(self.model) if isinstance(self.model, str) else self.model
         hardware = Hardware(gpu=find_gpu(GPU_ID), gpus_per_node=1)
-        return build_scenario(spec, hardware, self.knobs(), "hf-trainer")
+        return build_scenario(spec, hardware, self.knobs(), self.profile)
 
 
 ALL_ATTENTION = ("eager", "sdpa", "flash")
@@ -179,6 +191,53 @@ def grid() -> list[GridRow]:
     return unique
 
 
+# issue 6 rows, outside the 162-row SFT scoreboard (`grid()`) so its summary stays comparable over time.
+# DPO: OpenRLHF's step on one GPU (2 x micro-batch rows; a separate bf16 reference, LoRA or not).
+DPO_MODELS = (
+    ("llama3.2-1b", "meta-llama/Llama-3.2-1B", ("sdpa", "eager")),
+    ("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B", ("sdpa", "flash")),  # flash: OpenRLHF's default attention
+    ("qwen3-0.6b", "Qwen/Qwen3-0.6B", ("sdpa", "eager")),
+)
+DPO_SHAPES = ((1, 512), (2, 2048), (2, 512), (1, 2048))  # (preference pairs per micro-batch, tokens per row)
+# more MoE families: transformers' grouped experts; full tuning runs bf16-pure (see MOE_MODELS)
+MORE_MOE_MODELS = (("qwen1.5-moe", "Qwen/Qwen1.5-MoE-A2.7B"), ("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B"))
+
+
+def dpo_grid() -> list[GridRow]:
+    rows = []
+    for m, (label, name, attns) in enumerate(DPO_MODELS):
+        core = [(t, c, a) for t in ("full", "lora") for c in ("off", "full") for a in attns]
+        for i, (tuning, ckpt, attn) in enumerate(core):
+            rows.append(_row(label, name, tuning, ckpt, attn, DPO_SHAPES[(i + m) % len(DPO_SHAPES)], method="dpo"))
+    for label, name in MORE_MOE_MODELS:
+        rows.append(_row(label, name, "full", "full", "sdpa", (1, 1024), precision="bf16-pure", method="dpo"))
+    return rows
+
+
+def moe_grid() -> list[GridRow]:
+    """MoE families beyond the grid's Mixtral."""
+    rows = []
+    for label, name in MORE_MOE_MODELS:
+        rows += [
+            _row(label, name, "lora", "full", "sdpa", (1, 2048)),
+            _row(label, name, "full", "full", "sdpa", (1, 2048), precision="bf16-pure"),
+            _row(label, name, "full", "off", "flash", (2, 1024), precision="bf16-pure"),
+        ]
+    return rows
+
+
+def all_rows() -> list[GridRow]:
+    return grid() + moe_grid() + dpo_grid()
+
+
+def is_moe(row: GridRow) -> bool:
+    spec = find_model(row.model) if isinstance(row.model, str) else row.model
+    return spec.is_moe
+
+
+GROUPS = {"dpo": lambda r: r.method != "sft", "moe": is_moe}  # group summaries printed beside the SFT grid's
+
+
 def quick_grid() -> list[GridRow]:
     """About 20 rows: every 8th row of the grid (the grid interleaves models, tunings and attentions)."""
     return grid()[::8]
@@ -243,6 +302,12 @@ ANALYTIC_ONLY_MODEL_FACTS = ("norm_fp32_scale", "attn_softcap", "logit_softcap",
 
 def fingerprint(scenario: Scenario) -> str:
     doc = {name: _plain(getattr(scenario, name, None)) for name in TRACE_INPUTS}
+    if scenario.method not in ("sft", "pt"):  # the DPO trace also reads the method, its framework facts and RL knobs
+        from memfit.role_memory import framework_facts
+
+        fw = framework_facts(scenario.profile)
+        doc |= {"method": scenario.method, "rl": _plain(scenario.rl),
+                "framework": {k: fw[k] for k in ("lora_ref", "logits")}}
     model = _plain(scenario.model)
     if isinstance(model, dict):
         model = {k: v for k, v in model.items() if k not in ANALYTIC_ONLY_MODEL_FACTS}
@@ -522,7 +587,7 @@ def evaluate(rows: list[GridRow], cache: TraceCache) -> list[Comparison]:
             if entry is None:
                 out.append(Comparison(row, key, "untraced", "not in the trace cache (run with --refresh)"))
                 continue
-            est = estimate(scenario)
+            est = estimate_roles(scenario) if row.method != "sft" else estimate(scenario)
         except MemfitError as e:
             out.append(Comparison(row, "", "error", f"estimate: {e}"))
             continue
@@ -540,6 +605,17 @@ def summary(comparisons: list[Comparison]) -> dict:
         "max_abs_pct_error": round(max(errs), 2) if errs else None,
         "phase_agreement": round(sum(c.phase_agrees for c in ok) / len(ok), 4) if ok else None,
     }
+
+
+def scoreboard(comparisons: list[Comparison]) -> list[Comparison]:
+    """The rows of the 162-row SFT grid: the headline summary, comparable across versions."""
+    ids = {r.id for r in grid()}
+    return [c for c in comparisons if c.row.id in ids]
+
+
+def group_summaries(comparisons: list[Comparison]) -> dict:
+    """Median / max |error| of the issue 6 groups (DPO rows, MoE rows from both lists)."""
+    return {name: summary([c for c in comparisons if member(c.row)]) for name, member in GROUPS.items()}
 
 
 def extended_summary(comparisons: list[Comparison]) -> dict:
@@ -601,7 +677,8 @@ def print_table(comparisons: list[Comparison], console=None, title: str = "memfi
 
 def write_rows(comparisons: list[Comparison], path: Path = ROWS_PATH) -> None:
     doc = {"schema": "memfit.accuracy_rows/1", "gpu": GPU_ID,
-           "compared_categories": list(COMPARED), "summary": extended_summary(comparisons),
+           "compared_categories": list(COMPARED), "summary": extended_summary(scoreboard(comparisons)),
+           "groups": group_summaries(comparisons),
            "rows": [c.to_json() for c in comparisons]}
     path.write_text(json.dumps(doc, indent=1) + "\n")
 
@@ -622,7 +699,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows-json", default=str(ROWS_PATH), help="per-row details (estimate vs trace per category)")
     p.add_argument("--worst", type=int, default=15, help="rows in the worst-rows table")
     a = p.parse_args(argv)
-    rows = select(quick_grid() if a.quick else grid(), a.rows)
+    rows = select(quick_grid() if a.quick else all_rows(), a.rows)
     if not rows:
         print("accuracy.py: error: no grid row matches --rows", file=sys.stderr)
         return 2
@@ -646,15 +723,15 @@ def main(argv: list[str] | None = None) -> int:
     compare_s = time.perf_counter() - started
     if a.rows_json and not a.quick and not a.rows:
         write_rows(comparisons, Path(a.rows_json))
-    if a.summary_json:
-        print(json.dumps(summary(comparisons)))
+    if a.summary_json:  # the SFT grid's summary, then the DPO and MoE groups'
+        print(json.dumps(summary(scoreboard(comparisons)) | {"groups": group_summaries(comparisons)}))
         return 0
     print_table(comparisons)
     ok = [c for c in comparisons if c.ok]
     worst = sorted(ok, key=lambda c: -abs(c.total_error))[: a.worst]
     if len(ok) > a.worst:
         print_table(worst, title=f"{len(worst)} worst rows")
-    print(json.dumps(extended_summary(comparisons), indent=1))
+    print(json.dumps(extended_summary(scoreboard(comparisons)) | {"groups": group_summaries(comparisons)}, indent=1))
     print(f"trace {traced_s:.0f} s, estimate + compare {compare_s:.1f} s")
     return 0
 

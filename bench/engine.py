@@ -1,13 +1,14 @@
 """The real engines (DeepSpeed ZeRO-0..3, DDP, FSDP2) measured on the CPU with 2 gloo ranks, vs memfit.
 
-    python bench/engine.py [--quick] [--summary-json] [--json OUT.json] [--steps 3]
+    python bench/engine.py [--quick | --dpo] [--summary-json] [--json OUT.json] [--steps 3]
 
 Small Llama and Qwen2 configs (built here as ModelSpecs, published_params=None) run for real with
 `memfit.measure`: per row the peak per-rank memory that would be on the GPU, by category, and the host
 RAM per node the engine's objects take (offloaded states, pinned buffers, the model while it loads,
 checkpoint loads). When `memfit.estimate` exists, its per-rank allocated profile (minus the CUDA-only
 runtime overhead, which a CPU run cannot see) and its host profile (minus the per-process baseline) are
-the estimate columns.
+the estimate columns. DPO rows (issue 6) run OpenRLHF's layout: the policy engine and a bf16 reference engine
+(ZeRO-3 sharded under stage 3, a full replica otherwise, LoRA or not), against `memfit.roles.estimate_roles`.
 
 --summary-json prints {"n", "within_5pct_fraction", "max_abs_pct_error", "host_within_15pct_fraction"}.
 """
@@ -62,7 +63,21 @@ def scenario(spec: ModelSpec, engine: str = "deepspeed", stage: int = 2, offload
                     grad_accum=ga)
 
 
+def dpo_scenario(spec: ModelSpec, stage: int, lora: bool = False) -> Scenario:
+    """OpenRLHF train_dpo (issue 6): the policy on chosen + rejected rows (2 x micro-batch) and a bf16 reference
+    engine, ZeRO-3 sharded when the policy runs stage 3, a full replica otherwise (also under LoRA)."""
+    # buckets as in the SFT rows (OpenRLHF's "auto" would mean DeepSpeed's defaults: a 5e8-element bucket that
+    # dwarfs a 22M model and every DPO term); the reference engine takes the policy's stage-3 sizes, as in OpenRLHF
+    return scenario(spec, stage=stage, lora=lora).with_changes(method="dpo", profile="openrlhf", adapter_dtype="bf16")
+
+
+def dpo_rows() -> list[Scenario]:
+    return [dpo_scenario(LLAMA, 2), dpo_scenario(LLAMA, 3), dpo_scenario(LLAMA, 2, lora=True)]
+
+
 def label(s: Scenario) -> str:
+    if s.method != "sft":
+        return f"{s.method} " + label(s.with_changes(method="sft"))
     if s.engine != "deepspeed":
         return {"fsdp": "fsdp2 full_shard"}.get(s.engine, s.engine)
     ds = s.deepspeed
@@ -88,12 +103,14 @@ def rows(quick: bool) -> list[Scenario]:
         out += [scenario(m, stage=2, lora=True), scenario(m, stage=3, lora=True)]
         out += [scenario(m, stage=2, ga=4), scenario(m, stage=3, offload="cpu", ga=4)]
     out += [scenario(LLAMA, engine="ddp"), scenario(LLAMA, engine="fsdp")]
-    return out
+    return out + dpo_rows()
 
 
 def _estimate(s: Scenario):
     try:
         from memfit.estimate import estimate
+        if s.method != "sft":  # several models per GPU (issue 6)
+            from memfit.roles import estimate_roles as estimate
     except ImportError:
         return None
     try:
@@ -170,6 +187,8 @@ def summary(rows_: list[dict]) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a handful of rows (Llama: ZeRO-2, ZeRO-3 offload, LoRA, ratio)")
+    ap.add_argument("--dpo", action="store_true", help="only the DPO rows (OpenRLHF policy + reference engines; "
+                                                      "also part of the full run)")
     ap.add_argument("--summary-json", action="store_true")
     ap.add_argument("--json", help="write every row (with the measured breakdown) to this file")
     ap.add_argument("--steps", type=int, default=3)
@@ -180,7 +199,7 @@ def main(argv=None) -> int:
     from memfit.measure import run_batch
     from memfit.measure.result import MeasureResult
 
-    scenarios = rows(args.quick)
+    scenarios = dpo_rows() if args.dpo else rows(args.quick)
     started = time.time()
     if args.reuse:
         saved = json.loads(Path(args.reuse).read_text())

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memfit.dtypes import BYTES
 from memfit.inventory import ParamTensor
 from memfit.scenario import Scenario
 

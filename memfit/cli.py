@@ -229,6 +229,8 @@ def _cmd_trace(a) -> int:
             from memfit.estimate import estimate
             from memfit.render import print_comparison
 
+            if scenario.method not in ("sft", "pt"):  # DPO: policy + reference on one GPU (issue 6)
+                from memfit.roles import estimate_roles as estimate
             print_comparison(estimate(scenario).allocated, result.profile, "trace")
     return 0
 
@@ -249,6 +251,8 @@ def _cmd_measure(a) -> int:
     from memfit.render import print_comparison
 
     render(result, Console())
+    if scenario.method not in ("sft", "pt"):  # DPO: the policy and reference engines (issue 6)
+        from memfit.roles import estimate_roles as estimate
     worst = max(result.ranks, key=lambda r: r.device.peak.total)
     print_comparison(estimate(scenario).allocated, worst.device, "measured (worst rank)")
     return 0

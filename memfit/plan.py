@@ -10,6 +10,16 @@ combinations the frameworks accept (ratio: ZeRO-3 with optimizer offload, with a
 it act; offload_param: ZeRO-3; flash: compute capability >= 8.0; 8-bit optimizers and LoRA/QLoRA only
 when allowed). Every candidate is judged by estimate() (device and host) and ranked by speed.step_time().
 
+Knobs a framework has no flag for but that one documented edit of its code reaches (plan.toml code_edits:
+OpenRLHF's pin_memory and ratio live in get_train_ds_config) are tried too, unless Options(code_edits=
+False); each such change carries its CodeEdit (file, function, the assignments). Host RAM is judged over
+every phase, a resume from a checkpoint included, unless Options(resume=False).
+
+Several-model methods (DPO and its relatives, RM, PPO, GRPO: memfit/roles.py) are judged by
+estimate_roles() and ranked by speed_roles.roles_step_time(); their model-state knobs add where the other
+models live (reference / reward offload under ZeRO-3, vLLM gpu_memory_utilization and sleep, DeepSpeed
+sleep; `_role_variants`), and the loss and packing stay the user's.
+
 The search (a few thousand candidates; estimate() ~0.2-1 ms, step_time() ~20 us; well under 2 s):
 1. Activation settings beaten in memory and speed by another (sdpa where flash runs, padded rows where
    packing is possible) are dropped up front.
@@ -37,14 +47,14 @@ from functools import cache
 
 from memfit.catalog import HERE
 from memfit.errors import MemfitError
-from memfit.estimate import Estimate, estimate
+from memfit.estimate import estimate, verdict_of
 from memfit.profiles import _zero_buckets, get_profile
 from memfit.scenario import DeepSpeedConfig, FsdpConfig, LoraConfig, Scenario
 from memfit.speed import StepTime, param_counts, step_time
 
 ALLOW = ("lora", "qlora", "8bit")
 FITTING = ("fits", "tight")
-RATIOS = (1.0, 0.9, 0.5)  # DeepSpeed offload_optimizer.ratio values tried (ZeRO-3 + optimizer offload)
+RATIOS = (1.0, 0.9, 0.8, 0.7, 0.5)  # DeepSpeed offload_optimizer.ratio values tried (ZeRO-3 + optimizer offload)
 RATIO_SUB_GROUPS = 10  # sub-groups a ratio needs to act on: ratio r keeps floor((1-r) x groups) on the GPU
 NICE_SUB_GROUP_SIZES = (1_000_000_000, 500_000_000, 200_000_000, 100_000_000, 50_000_000, 20_000_000,
                         10_000_000, 5_000_000, 2_000_000, 1_000_000)
@@ -78,6 +88,15 @@ class _StateKnobs:
     pin_memory: bool  # DeepSpeed offload pin_memory (only meaningful with offload)
     ratio: float  # DeepSpeed offload_optimizer.ratio (only ZeRO-3 + offload)
     offload_param: str  # DeepSpeed ZeRO-3 parameter offload
+    # several-model runs (RlConfig fields): where the frozen models, vLLM and the sleeping states live
+    ref_offload: bool = False
+    reward_offload: bool = False
+    vllm_gpu_memory_utilization: float = 0.0
+    vllm_sleep: bool = False
+    deepspeed_sleep: bool = False
+
+
+ROLE_KNOBS = ("ref_offload", "reward_offload", "vllm_gpu_memory_utilization", "vllm_sleep", "deepspeed_sleep")
 
 
 @dataclass(frozen=True)
@@ -87,6 +106,25 @@ class _ActKnobs:
     attention: str
     loss: str
     padding: str
+
+
+@dataclass(frozen=True)
+class CodeEdit:
+    """A knob the framework has no flag for, reached by editing one function of its code
+    (catalog/plan.toml code_edits): assign each target inside `function` before it returns."""
+
+    file: str
+    function: str
+    assignments: tuple[tuple[str, object], ...]  # (Python target inside the function, value)
+
+    def lines(self) -> list[str]:
+        return [f"{target} = {value!r}" for target, value in self.assignments]
+
+    def __str__(self) -> str:
+        return f"{self.file}::{self.function}(): " + "; ".join(self.lines())
+
+    def to_json(self) -> dict:
+        return {"file": self.file, "function": self.function, "lines": self.lines()}
 
 
 @dataclass(frozen=True)
@@ -104,13 +142,15 @@ class Change:
     needed_to_fit: bool  # the plan without this change does not fit (else it is there for speed or headroom)
     in_plan_device_saving_bytes: int = 0  # the plan without it minus the plan (changes interact)
     in_plan_host_saving_bytes: int = 0
+    code_edit: CodeEdit | None = None  # the framework has no flag for it: the edit of its code that sets it
 
     def to_json(self) -> dict:
         return {"knob": self.knob, "before": self.before, "after": self.after,
                 "device_saving_bytes": self.device_saving_bytes, "host_saving_bytes": self.host_saving_bytes,
                 "speed_cost_pct": round(self.speed_cost_pct, 2), "measured": self.measured,
                 "needed_to_fit": self.needed_to_fit, "in_plan_device_saving_bytes": self.in_plan_device_saving_bytes,
-                "in_plan_host_saving_bytes": self.in_plan_host_saving_bytes}
+                "in_plan_host_saving_bytes": self.in_plan_host_saving_bytes,
+                "code_edit": self.code_edit.to_json() if self.code_edit else None}
 
 
 @dataclass(frozen=True)
@@ -149,7 +189,8 @@ def config_of(s: Scenario) -> dict:
             "checkpointing": s.checkpointing, "checkpoint_every_n": s.checkpoint_every_n,
             "micro_batch": s.micro_batch, "grad_accum": s.grad_accum,
             "global_batch": s.micro_batch * s.grad_accum * s.world_size,
-            "attention": s.attention, "loss": s.loss, "padding": s.padding}
+            "attention": s.attention, "loss": s.loss, "padding": s.padding,
+            **({k: getattr(s.rl, k) for k in ROLE_KNOBS} if s.rl else {})}
 
 
 # ---------------------------------------------------------------- knobs <-> scenario
@@ -166,7 +207,9 @@ def _sharding_of(s: Scenario) -> str:
 def _state_of(s: Scenario) -> _StateKnobs:
     ds = s.deepspeed or DeepSpeedConfig()
     offload = ds.offload_optimizer if s.deepspeed else ("cpu" if s.fsdp and s.fsdp.cpu_offload else "none")
-    return _StateKnobs(s.tuning, s.optimizer, _sharding_of(s), offload, ds.pin_memory, ds.ratio, ds.offload_param)
+    roles = {k: getattr(s.rl, k) for k in ROLE_KNOBS} if s.rl else {}
+    return _StateKnobs(s.tuning, s.optimizer, _sharding_of(s), offload, ds.pin_memory, ds.ratio, ds.offload_param,
+                       **roles)
 
 
 def _act_of(s: Scenario) -> _ActKnobs:
@@ -227,6 +270,8 @@ class _Builder:
                                      cpu_ram_efficient_loading=loading)
         else:
             out["engine"] = k.sharding
+        if b.rl is not None:
+            out["rl"] = replace(b.rl, **{name: getattr(k, name) for name in ROLE_KNOBS})
         self._engines[k] = out
         return out
 
@@ -248,7 +293,8 @@ def _unique(items) -> list:
     return list(dict.fromkeys(items))
 
 
-def _state_options(base: Scenario, bk: _StateKnobs, opts: dict, allow: set[str]) -> list[_StateKnobs]:
+def _state_options(base: Scenario, bk: _StateKnobs, opts: dict, allow: set[str],
+                   facts: dict | None = None) -> list[_StateKnobs]:
     world = base.world_size
     tunings = _unique([bk.tuning] + [t for t in ("lora", "qlora") if t in allow])
     low_bit = opts.get("low_bit_optimizer", "")
@@ -273,8 +319,31 @@ def _state_options(base: Scenario, bk: _StateKnobs, opts: dict, allow: set[str])
                 if optimizer != bk.optimizer and (sharding.startswith("zero") or adapters):
                     continue  # ZeRO is modeled with fp32 Adam only; adapters' states are too small to matter
                 for offload, pin, ratio, param in _offloads(sharding, bk, opts, adapters, tuning):
-                    out.append(_StateKnobs(tuning, optimizer, sharding, offload, pin, ratio, param))
-    return _unique([bk] + out)
+                    out.append(replace(bk, tuning=tuning, optimizer=optimizer, sharding=sharding, offload=offload,
+                                       pin_memory=pin, ratio=ratio, offload_param=param))
+    out = _unique([bk] + out)
+    if facts is None:
+        return out
+    return _unique(v for k in out for v in _role_variants(k, bk, opts, facts, base.rl))
+
+
+def _role_variants(k: _StateKnobs, bk: _StateKnobs, opts: dict, facts: dict, rl) -> list[_StateKnobs]:
+    """The several-model knobs tried with these model-state knobs, each only where it acts (knobs.md E):
+    reference / reward offload under ZeRO-3, vLLM memory and sleep with a generator (sleep only when all
+    models are colocated), DeepSpeed sleep without Adam offload (OpenRLHF makes it a no-op then)."""
+    def both(name: str, acts: bool) -> list:
+        return _unique([getattr(bk, name), not getattr(bk, name)]) if acts else [getattr(bk, name)]
+
+    zero3, gen = k.sharding == "zero3", bool(facts.get("generator"))
+    refs = both("ref_offload", zero3 and opts.get("ref_offload") and facts.get("reference"))
+    rewards = both("reward_offload", zero3 and opts.get("ref_offload") and facts.get("reward") and not rl.remote_reward)
+    utils = _unique([bk.vllm_gpu_memory_utilization] + (list(opts.get("vllm_gpu_memory_utilization", ())) if gen else []))
+    colocated = rl.colocate == "all" or not opts.get("vllm_sleep_needs_colocate_all")
+    vsleeps = both("vllm_sleep", gen and opts.get("vllm_sleep") and colocated)
+    dsleeps = both("deepspeed_sleep", gen and opts.get("deepspeed_sleep") and k.offload == "none")
+    return [replace(k, ref_offload=r, reward_offload=w, vllm_gpu_memory_utilization=u, vllm_sleep=v,
+                    deepspeed_sleep=d)
+            for r in refs for w in rewards for u in utils for v in vsleeps for d in dsleeps]
 
 
 def _offloads(sharding: str, bk: _StateKnobs, opts: dict, adapters: bool, tuning: str):
@@ -320,12 +389,14 @@ def _micro_batches(base: Scenario, per_gpu: int) -> list[int]:
     return sorted((m for m in options if per_gpu % m == 0), reverse=True)
 
 
-def _act_options(base: Scenario, ak: _ActKnobs, opts: dict, per_gpu: int) -> list[_ActKnobs]:
+def _act_options(base: Scenario, ak: _ActKnobs, opts: dict, per_gpu: int, several: bool = False) -> list[_ActKnobs]:
+    """Activation settings; with several models the loss and packing stay the user's (memfit/roles.py computes
+    the log-probs the framework's way whatever --loss says, and does not model packed preference rows)."""
     flash_ok = base.hardware.gpu.compute_capability >= 8.0
     ckpts = _unique([ak.checkpointing, *opts["checkpointing"]])
     attentions = _unique([ak.attention] + [x for x in opts["attention"] if x != "flash" or flash_ok])
-    losses = _unique([ak.loss] + (["liger"] if opts["liger"] else []))
-    paddings = _unique([ak.padding] + ([opts["packing"]] if opts["packing"] else []))
+    losses = _unique([ak.loss] + (["liger"] if opts["liger"] and not several else []))
+    paddings = _unique([ak.padding] + ([opts["packing"]] if opts["packing"] and not several else []))
     out = []
     for c in ckpts:
         for m in _micro_batches(base, per_gpu):
@@ -379,17 +450,58 @@ def _pareto(acts: list[_ActKnobs], keep: _ActKnobs) -> list[_ActKnobs]:
 # ---------------------------------------------------------------- the search
 
 
+@dataclass(frozen=True)
+class Judged:
+    """An estimate against the hardware: host RAM over the phases the run goes through (a run that never
+    resumes from a checkpoint skips the resume phase's load of the optimizer files, knobs.md A.8)."""
+
+    verdict: str
+    device_peak: int  # device total per GPU at its peak
+    margin: int
+    host_peak: int  # per node
+    host_margin: int | None
+
+
+def judge(e, resume: bool = True) -> Judged:
+    hw = e.scenario.hardware
+    host_peak = max(b.total for phase, b in e.host.phases.items() if resume or phase != "resume")
+    host_margin = None if hw.host_ram_bytes is None else hw.host_ram_bytes - host_peak
+    return Judged(verdict_of(e.margin_bytes, hw.gpu.memory_bytes, host_margin), e.device_total.peak.total,
+                   e.margin_bytes, host_peak, host_margin)
+
+
 @dataclass
 class _Candidate:
     state: _StateKnobs
     act: _ActKnobs
     scenario: Scenario
     speed: StepTime
-    estimate: Estimate | None = None
+    judged: Judged | None = None
 
 
-def _fits(e: Estimate) -> bool:
+def _fits(e: Judged) -> bool:
     return e.verdict in FITTING
+
+
+def several_models(s: Scenario) -> bool:
+    return s.method not in ("sft", "pt")
+
+
+def estimate_any(s: Scenario):
+    """estimate() for one model, memfit.roles.estimate_roles() for several (the same top-level fields)."""
+    if several_models(s):
+        from memfit.roles import estimate_roles
+
+        return estimate_roles(s)
+    return estimate(s)
+
+
+def speed_of(s: Scenario) -> StepTime:
+    if several_models(s):
+        from memfit.speed_roles import roles_step_time
+
+        return roles_step_time(s)
+    return step_time(s)
 
 
 def per_gpu_batch(base: Scenario, global_batch: int | None) -> int:
@@ -419,35 +531,83 @@ def _changed(bk, k) -> list[str]:
     return [n for n in _names(type(k)) if getattr(bk, n) != getattr(k, n)]
 
 
+@dataclass(frozen=True)
+class Options:
+    """What the user lets the search do beyond the knobs: `code_edits` = knobs the framework has no flag for
+    but a documented edit of its code reaches (catalog/plan.toml code_edits); `resume` = judge host RAM at a
+    resume from a checkpoint too (False: a run that always starts fresh)."""
+
+    code_edits: bool = True
+    resume: bool = True
+
+
+# plan knob -> the plan.toml flag option that a code edit stands in for
+_EDITED_OPTION = {"pin_memory": "pin_memory", "ratio": "offload_ratio"}
+
+
+def _search_options(profile: str, options: Options) -> dict:
+    opts = framework_options().get(profile)
+    if opts is None:
+        raise MemfitError(f"memfit plan has no search space for profile {profile!r}")
+    edits = [k for k in _EDITED_OPTION if k in opts.get("code_edits", {})] if options.code_edits else []
+    return {**opts, **{_EDITED_OPTION[k]: True for k in edits}, "edited": tuple(edits)}
+
+
+def _method_facts(base: Scenario) -> dict | None:
+    """catalog/methods.toml facts of a several-model method (Scenario has checked the name), else None."""
+    if not several_models(base):
+        return None
+    from memfit.role_memory import method_facts
+
+    return method_facts(base.method)
+
+
 class _Search:
-    def __init__(self, base: Scenario, allow: set[str], global_batch: int | None):
-        if base.method not in ("sft", "pt"):
-            raise MemfitError(f"memfit plan covers sft and pt; method {base.method!r} is not modeled yet")
+    def __init__(self, base: Scenario, allow: set[str], global_batch: int | None, options: Options = Options()):
         self.per_gpu = per_gpu_batch(base, global_batch)
         self.builder = _Builder(base, self.per_gpu)
         self.base = base
-        self.opts = framework_options().get(base.profile)
-        if self.opts is None:
-            raise MemfitError(f"memfit plan has no search space for profile {base.profile!r}")
+        self.options = options
+        self.opts = _search_options(base.profile, options)
+        self.facts = _method_facts(base)
         self.bk, self.ak = _state_of(base), _act_of(base)
-        self.states = _state_options(base, self.bk, self.opts, allow)
-        self.acts = _pareto(_act_options(base, self.ak, self.opts, self.per_gpu), self.ak)
+        self.states = _state_options(base, self.bk, self.opts, allow, self.facts)
+        acts = _act_options(base, self.ak, self.opts, self.per_gpu, self.facts is not None)
+        self.acts = _pareto(acts, self.ak)
         self.losses = _unique(a.loss for a in self.acts)
+        self.built: dict[tuple[_StateKnobs, _ActKnobs], _Candidate | None] = {}
         self.started = time.perf_counter()
         self.estimates = 0
 
     def build(self, k: _StateKnobs, a: _ActKnobs) -> _Candidate | None:
+        """The candidate for these knobs (built once: bounds, feasibility, rows and changes ask again)."""
+        if (k, a) not in self.built:
+            self.built[(k, a)] = self._build(k, a)
+        return self.built[(k, a)]
+
+    def _build(self, k: _StateKnobs, a: _ActKnobs, runnable: bool = True) -> _Candidate | None:
         try:
             s = self.builder.scenario(k, a)
+            speed = speed_of(s)
         except MemfitError:
             return None  # a combination the frameworks reject (the scenario says which)
-        return _Candidate(k, a, s, step_time(s))
+        if runnable and speed.tokens_per_second <= 0:
+            return None  # it cannot run (vLLM without room for one sequence's KV cache)
+        return _Candidate(k, a, s, speed)
 
-    def estimate(self, c: _Candidate) -> Estimate:
-        if c.estimate is None:
-            c.estimate = estimate(c.scenario)
+    def estimate(self, c: _Candidate) -> Judged:
+        if c.judged is None:
+            c.judged = judge(estimate_any(c.scenario), self.options.resume)
             self.estimates += 1
-        return c.estimate
+        return c.judged
+
+    def edited(self, k: _StateKnobs) -> tuple[str, ...]:
+        """The knobs of k that differ from the user's and need a code edit of the framework."""
+        return tuple(n for n in self.opts["edited"] if getattr(k, n) != getattr(self.bk, n))
+
+    def family(self, k: _StateKnobs) -> tuple:
+        return _family(k) + (bool(self.edited(k)), k.ref_offload or k.reward_offload, k.vllm_sleep,
+                             k.deepspeed_sleep)
 
     def feasible(self, k: _StateKnobs) -> bool:
         """Could anything fit with these model-state knobs? (tried with the least-memory activations)"""
@@ -519,8 +679,8 @@ def _family(k: _StateKnobs) -> tuple:
 class _Ranking:
     """Candidates (the best of each model-state setting) -> rows."""
 
-    def __init__(self, bk: _StateKnobs, ak: _ActKnobs, top_k: int):
-        self.bk, self.ak, self.top_k = bk, ak, top_k
+    def __init__(self, bk: _StateKnobs, ak: _ActKnobs, top_k: int, family=_family):
+        self.bk, self.ak, self.top_k, self.family = bk, ak, top_k, family
         self.found: list[_Candidate] = []
         self.rows: list[_Candidate] = []
 
@@ -535,7 +695,7 @@ class _Ranking:
     def _rank(self) -> list[_Candidate]:
         families: dict[tuple, list[_Candidate]] = {}
         for c in self.found:
-            families.setdefault(_family(c.state), []).append(c)
+            families.setdefault(self.family(c.state), []).append(c)
         best = [self._simplest(members) for members in families.values()]
         sets = {id(c): self.changes(c) for c in self.found}
         kept = [c for c in best if not any(self._redundant(c, sets[id(c)], o, sets[id(o)])
@@ -554,16 +714,17 @@ class _Ranking:
         if not theirs < mine or other.speed.tokens_per_second < c.speed.tokens_per_second * (1 - SPEED_TOLERANCE):
             return False
         hw = c.scenario.hardware
-        e, o = c.estimate, other.estimate
-        device_gain = o.device_total.peak.total - e.device_total.peak.total
-        host_gain = o.host.peak.total - e.host.peak.total
+        e, o = c.judged, other.judged
+        device_gain = o.device_peak - e.device_peak
+        host_gain = o.host_peak - e.host_peak
         return device_gain < MEMORY_TOLERANCE * hw.gpu.memory_bytes and (
             hw.host_ram_bytes is None or host_gain < MEMORY_TOLERANCE * hw.host_ram_bytes)
 
     def floor(self, k: _StateKnobs) -> float:
         """Below this many tokens/s a candidate with these knobs can change no row: its approach already
         has a faster one, or k rows are faster."""
-        family = max((c.speed.tokens_per_second for c in self.found if _family(c.state) == _family(k)), default=0.0)
+        mine = self.family(k)
+        family = max((c.speed.tokens_per_second for c in self.found if self.family(c.state) == mine), default=0.0)
         last = self.rows[-1].speed.tokens_per_second if len(self.rows) >= self.top_k else 0.0
         return max(family, last) * (1 - SPEED_TOLERANCE)
 
@@ -574,10 +735,11 @@ class _Ranking:
         return bound < self.rows[-1].speed.tokens_per_second * (1 - SPEED_TOLERANCE)
 
 
-def _search(base: Scenario, allow: set[str], global_batch: int | None, top_k: int) -> tuple[_Search, list]:
-    search = _Search(base, allow, global_batch)
+def _search(base: Scenario, allow: set[str], global_batch: int | None, top_k: int,
+            options: Options) -> tuple[_Search, list]:
+    search = _Search(base, allow, global_batch, options)
     bounded = sorted(((search.upper_bound(k), k) for k in search.states), key=lambda x: -x[0])
-    ranking = _Ranking(search.bk, search.ak, top_k)
+    ranking = _Ranking(search.bk, search.ak, top_k, search.family)
     for bound, k in bounded:
         if ranking.done(bound) or search.late():
             break
@@ -594,11 +756,21 @@ def _search(base: Scenario, allow: set[str], global_batch: int | None, top_k: in
 
 
 def _row(c: _Candidate, changes: tuple[Change, ...]) -> PlanRow:
-    e = c.estimate
-    return PlanRow(scenario=c.scenario, verdict=e.verdict, device_peak_bytes=e.device_total.peak.total,
-                   headroom_bytes=e.margin_bytes, host_peak_bytes=e.host.peak.total,
-                   host_headroom_bytes=e.host_margin_bytes, tokens_per_second=c.speed.tokens_per_second,
-                   step_seconds=c.speed.seconds, changes=changes)
+    e = c.judged
+    return PlanRow(scenario=c.scenario, verdict=e.verdict, device_peak_bytes=e.device_peak,
+                   headroom_bytes=e.margin, host_peak_bytes=e.host_peak, host_headroom_bytes=e.host_margin,
+                   tokens_per_second=c.speed.tokens_per_second, step_seconds=c.speed.seconds, changes=changes)
+
+
+def _code_edit(search: _Search, name: str, s: Scenario) -> CodeEdit | None:
+    """The exact edit for a knob the framework has no flag for (catalog/plan.toml code_edits)."""
+    if name not in search.opts["edited"]:
+        return None
+    where = search.opts["code_edits"]
+    ds = s.deepspeed
+    values = {"pin_memory": [("pin_memory", ds.pin_memory)],
+              "ratio": [("ratio", ds.ratio), ("sub_group_size", ds.sub_group_size)]}[name]
+    return CodeEdit(where["file"], where["function"], tuple((where[key], value) for key, value in values))
 
 
 def _measure(search: _Search, c: _Candidate, cache: dict) -> tuple[Change, ...]:
@@ -630,7 +802,8 @@ def _measure(search: _Search, c: _Candidate, cache: dict) -> tuple[Change, ...]:
                 cost = (1.0 - faster.speed.tokens_per_second / slower.speed.tokens_per_second) * 100.0
             out.append(Change(name, before, after, memory[0], memory[1], cost,
                               "alone" if alone is not None else "in_plan",
-                              without is None or not _fits(search.estimate(without)), *in_plan))
+                              without is None or not _fits(search.estimate(without)), *in_plan,
+                              code_edit=_code_edit(search, name, c.scenario)))
     return tuple(out)
 
 
@@ -639,41 +812,45 @@ def _savings(search: _Search, with_c: _Candidate | None, without_c: _Candidate |
     if with_c is None or without_c is None:
         return 0, 0
     w, wo = search.estimate(with_c), search.estimate(without_c)
-    return wo.device_total.peak.total - w.device_total.peak.total, wo.host.peak.total - w.host.peak.total
+    return wo.device_peak - w.device_peak, wo.host_peak - w.host_peak
 
 
 # ---------------------------------------------------------------- public
 
 
 def plan(base: Scenario, allow: set[str] | None = None, global_batch: int | None = None,
-         top_k: int = 5) -> list[PlanRow]:
+         top_k: int = 5, options: Options = Options()) -> list[PlanRow]:
     """The `top_k` fastest configurations that fit (device and host), derived from `base`.
 
     `allow` may contain "lora", "qlora" (tuning changes) and "8bit" (8-bit optimizer states). The global
     batch (micro-batch x gradient accumulation x GPUs) is kept: `global_batch`, or the base's own.
+    Several-model methods (DPO, PPO, ...) are judged by memfit.roles.estimate_roles.
     """
-    search, rows = _search(base, _check_allow(allow), global_batch, top_k)
+    search, rows = _search(base, _check_allow(allow), global_batch, top_k, options)
     cache: dict = {}
     return [_row(c, _measure(search, c, cache)) for c in rows]
 
 
-def baseline(base: Scenario, global_batch: int | None = None) -> PlanRow:
+def baseline(base: Scenario, global_batch: int | None = None, options: Options = Options()) -> PlanRow:
     """The user's own scenario as a row (with the global batch applied), whatever its verdict."""
-    search = _Search(base, set(), global_batch)
-    c = search.build(search.bk, search.ak)
+    search = _Search(base, set(), global_batch, options)
+    c = search._build(search.bk, search.ak, runnable=False)  # shown even when it cannot run (0 tokens/s)
     if c is None:
         raise MemfitError("the starting scenario is not valid with this global batch")
     search.estimate(c)
     return _row(c, ())
 
 
-def closest_miss(base: Scenario, allow: set[str] | None = None, global_batch: int | None = None) -> PlanRow | None:
+def closest_miss(base: Scenario, allow: set[str] | None = None, global_batch: int | None = None,
+                 options: Options = Options()) -> PlanRow | None:
     """When nothing fits: the least-memory setting of each approach, the one short by the smallest share
     of its capacity (device or host), with its changes measured like a plan row's."""
-    search = _Search(base, _check_allow(allow), global_batch)
+    search = _Search(base, _check_allow(allow), global_batch, options)
     best, best_short = None, None
     hw = base.hardware
-    for k in search.states:
+    for k in sorted(search.states, key=_role_memory_order):  # least memory first: the time cap cuts the rest
+        if search.late():
+            break
         for loss in search.losses:
             for host in (False, True):
                 act = _least_memory(search.acts, loss, host)
@@ -681,18 +858,28 @@ def closest_miss(base: Scenario, allow: set[str] | None = None, global_batch: in
                 if c is None:
                     continue
                 e = search.estimate(c)
-                short = max(-e.margin_bytes / hw.gpu.memory_bytes,
-                            -e.host_margin_bytes / hw.host_ram_bytes if e.host_margin_bytes is not None else 0.0)
+                short = max(-e.margin / hw.gpu.memory_bytes,
+                            -e.host_margin / hw.host_ram_bytes if e.host_margin is not None else 0.0)
                 if best_short is None or short < best_short:
                     best, best_short = c, short
     return _row(best, _measure(search, best, {})) if best else None
 
 
+def _role_memory_order(k: _StateKnobs) -> tuple:
+    """Several-model knobs that need the least device memory first (offloaded, asleep, least vLLM memory)."""
+    return (not k.ref_offload, not k.reward_offload, k.vllm_gpu_memory_utilization, not k.vllm_sleep,
+            not k.deepspeed_sleep)
+
+
 def choose_for_fit(rows: list[PlanRow], tolerance: float = 0.03) -> PlanRow | None:
-    """The row `memfit fit` writes back: the fewest changes among rows within `tolerance` of the fastest
-    (a plan a few % slower but with one change less is the smaller edit to the user's file)."""
+    """The row `memfit fit` writes back: a row the user's file can say alone (no edit of the framework's
+    code) when there is one; among those within `tolerance` of the fastest, the fewest changes (a plan a
+    few % slower but with one change less is the smaller edit to the user's file)."""
+    flags_only = [r for r in rows if not any(c.code_edit for c in r.changes)]
+    rows = flags_only or rows
     if not rows:
         return None
     fastest = rows[0].tokens_per_second
     close = [r for r in rows if r.tokens_per_second >= fastest * (1.0 - tolerance)]
-    return min(close, key=lambda r: (len(r.changes), -r.tokens_per_second))
+    return min(close, key=lambda r: (sum(bool(c.code_edit) for c in r.changes), len(r.changes),
+                                     -r.tokens_per_second))

@@ -152,17 +152,22 @@ def frozen_scenario(s: Scenario, model: ModelSpec, rows: int) -> Scenario:
                           micro_batch=rows, autocast=False, kbit_upcast=False, optimizer_in_backward=False)
 
 
-def frozen_forward(fs: Scenario, logits_kind: str, value_head: bool) -> Breakdown:
-    """Peak bytes (beyond weights) of one no-grad forward: inside a layer (its input and output hidden
-    states, the layer's transients, the shared masks) or at the head (last hidden + log-prob computation)."""
+def frozen_forward(fs: Scenario, logits_kind: str, value_head: bool, gathered: int = 0) -> Breakdown:
+    """Peak bytes (beyond resident weights) of one no-grad forward: inside a layer (its input and output hidden
+    states, the layer's transients, the shared masks, the sharded params gathered for it) or at the head (last
+    hidden + log-prob computation). The fp32-cast kinds cast the logits after the model's forward returned, when
+    ZeRO-3 / FSDP has released every gathered param (measured: OpenRLHF DPO reference, bench/engine.py);
+    kinds marked inside_head (TRL's fused head) compute them with the head's weight gathered."""
     act = activations(fs, [])
     hidden = act.layer_checkpoint  # one [rows, T, hidden] tensor in the residual dtype
     in_layer = 2 * hidden + act.layer_forward_transient + act.shared_masks
     terms = logit_terms(fs, logits_kind, fs.tokens_per_micro_batch, value_head, False)
-    at_head = hidden + terms.nograd
-    if at_head >= in_layer:
-        return Breakdown({"activations": hidden, "logits_loss": terms.nograd})
-    return Breakdown({"activations": in_layer})
+    inside_head = facts()["logits"][logits_kind].get("inside_head", False)
+    head_gathered = gathered if inside_head and not value_head else 0
+    at_head = hidden + terms.nograd + head_gathered
+    if at_head >= in_layer + gathered:
+        return Breakdown({"activations": hidden, "logits_loss": terms.nograd, "weights": head_gathered})
+    return Breakdown({"activations": in_layer, "weights": gathered})
 
 
 @dataclass
@@ -173,9 +178,9 @@ class FrozenRole:
     tensors: list[ParamTensor]
     engine: str  # how it is placed, in words
     resident: int  # weight bytes on each GPU between forwards
-    gathered: int  # ZeRO-3 parameters gathered while it runs
+    gathered: int  # ZeRO-3 / FSDP parameters gathered while a layer runs (in `forward` when they are at its peak)
     host_per_rank: int  # offloaded parameter partition (pinned)
-    forward: Breakdown  # its no-grad forward's transient at the peak
+    forward: Breakdown  # its no-grad forward's transient at the peak, gathered params included
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -187,7 +192,7 @@ class FrozenRole:
             self.scenario.hardware.gpu)})
 
     def active(self) -> Breakdown:
-        b = self.idle().plus("weights", self.gathered)
+        b = self.idle()
         for c, n in self.forward.parts.items():
             b = b.plus(c, n)
         return b
@@ -226,7 +231,7 @@ def frozen_role(s: Scenario, model: ModelSpec, rows: int, logits_kind: str, valu
         engine, resident = f"full 16-bit replica on every GPU ({stage})", phi * lp
         if offload:
             notes.append("reference/reward offload sets offload_param, which only ZeRO-3 honours: ignored here")
-    return FrozenRole(fs, tensors, engine, resident, gathered, host, frozen_forward(fs, logits_kind, value_head),
+    return FrozenRole(fs, tensors, engine, resident, gathered, host, frozen_forward(fs, logits_kind, value_head, gathered),
                       notes)
 
 
@@ -256,7 +261,7 @@ class Generator:
 
     @property
     def weights(self) -> int:  # bf16 weights per GPU (tensor parallel shards)
-        return sum(t.total for t in tuned_tensors(self.model, "full")) * 2 // self.tp
+        return full_params(self.model) * 2 // self.tp
 
     @property
     def budget(self) -> int:
@@ -284,6 +289,12 @@ class Generator:
 
     def host_per_gpu(self) -> int:
         return self.weights if self.sleep else 0
+
+
+@cache
+def full_params(model: ModelSpec) -> int:
+    """Every parameter of the model (the inventory is rebuilt on each call; planning asks often)."""
+    return sum(t.total for t in tuned_tensors(model, "full"))
 
 
 def generator_facts() -> dict:

@@ -213,9 +213,12 @@ def _group(name: str, gpus: int, capacity: int, moments: dict[str, list[Holding]
            processes: dict[str, Process]) -> GpuGroup:
     settled = {m: _settle(hs, processes) for m, hs in moments.items()}
     best: dict[str, str] = {}
-    for m, (_, _, _, device) in settled.items():
+    for m, (_, alloc, _, device) in settled.items():
         phase = _phase_of(m)
-        if phase not in best or device.total > settled[best[phase]][3].total:
+        # equal on the card: the moment holding more tensors is the phase's peak (DPO's reference forward
+        # fills the slack the policy's forward left in the allocator)
+        if phase not in best or (device.total, alloc.total) > (settled[best[phase]][3].total,
+                                                                 settled[best[phase]][1].total):
             best[phase] = m
     steady = best.get("checkpoint_save") or best.get("forward")
     for phase in PHASES:  # every phase present, as the shared vocabulary expects
@@ -284,6 +287,11 @@ def _reference_needed(s: Scenario, facts: dict, fw: dict, notes: list[str]) -> s
     return "separate"
 
 
+def reference_kind(s: Scenario) -> str:
+    """'none', 'shared' or 'separate': the reference this run holds (the trace builds the same one)."""
+    return _reference_needed(s, method_facts(s.method), framework_facts(s.profile), [])
+
+
 # ---------------------------------------------------------------------------------------------- one process
 def _single_process(s: Scenario, facts: dict, fw: dict, notes: list[str]) -> tuple[list[RoleEstimate],
                                                                                    list[GpuGroup], dict]:
@@ -315,10 +323,14 @@ def _single_process(s: Scenario, facts: dict, fw: dict, notes: list[str]) -> tup
         # the policy's forward is over: its saved activations and log-prob logits wait for backward
         fwd = policy.allocated.phases["forward"].parts
         kept = Breakdown({**fwd, "activations": policy.act.saved_total, "logits_loss": policy.logits.saved})
-        ref_active = _sum(ref_idle, Breakdown({"weights": ref.gathered}), ref.forward)
+        ref_work = ref.forward  # gathered params included where they are at its peak
+        ref_cache = _frozen_cache(ref.forward)
+        # the caching allocator keeps what the policy's forward reserved: the reference's forward allocates
+        # into that slack before it reserves more, so this moment never reserves less than the forward did
+        slack = reserved.phases["forward"].total - kept.total - ref_work.total - ref_cache
         moments["reference_forward"] = [
-            Holding("trainer", "policy", kept, _policy_cache(policy, kept), policy.states.paged_optimizer),
-            Holding("trainer", "reference", ref_active, _frozen_cache(ref.forward))]
+            Holding("trainer", "policy", kept, max(_policy_cache(policy, kept), slack), policy.states.paged_optimizer),
+            Holding("trainer", "reference", _sum(ref_idle, ref_work), ref_cache)]
     hw = s.hardware
     processes = {"trainer": Process("trainer", "all", s.world_size, hw.nodes)}
     group = _group(f"all {s.world_size} GPUs", s.world_size, hw.gpu.memory_bytes, moments, processes)

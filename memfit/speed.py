@@ -40,7 +40,8 @@ padding-free batches are full. Tokens per second are for the whole job (all GPUs
 
 Not modeled (equal for the configurations a plan compares, or outside its search): kernel-launch and
 Python overheads, the data loader, torch.compile, tensor / pipeline / sequence parallelism, MoE
-all-to-all, generation (vLLM) and the extra models of preference / RL methods.
+all-to-all. Generation (vLLM) and the extra models of preference / RL methods are in speed_roles.py,
+built on `nograd_forward_seconds`, `gather_seconds` and `host_link_bytes_per_second` below.
 """
 from __future__ import annotations
 
@@ -293,6 +294,38 @@ def _optimizer_and_offload(s: Scenario, p: ParamCounts, bandwidth: float) -> tup
         micro["activation_offload"] = 2 * ckpt_bytes / _host_link(s, s.checkpointing == "offload") \
             * o["exposed_activation_offload"]
     return micro, step
+
+
+def nograd_forward_seconds(s: Scenario) -> float:
+    """One no-grad forward of a micro-batch (a reference / reward / rollout log-prob pass): the forward
+    share of the matmuls, attention and element-wise work of `_micro_compute`, no backward, no recompute."""
+    p = param_counts(s.model, "full", None, s.model.num_layers)
+    flop_rate, bandwidth = _rates(s)
+    m, at = s.model, assumptions()["attention"]
+    n = s.tokens_per_micro_batch
+    matmul = n * (2 * p.layer_matmul + 2 * p.head) / flop_rate
+    causal = 2 * s.micro_batch * s.seq_len ** 2 * m.num_heads * m.head_dim * m.num_layers
+    if s.attention == "eager":
+        attn = 2 * causal / flop_rate + m.num_layers * s.micro_batch * m.num_heads * s.seq_len ** 2 \
+            * at["eager_bytes_per_score"] / 3 / bandwidth
+    else:
+        attn = causal / (flop_rate * (at["flash"] if s.attention == "flash" else at["sdpa"]))
+    c = assumptions()["compute"]
+    elementwise = n * m.num_layers * m.hidden_size * c["elementwise_bytes_per_token_layer_hidden"] / 3 / bandwidth
+    return matmul + attn + elementwise
+
+
+def gather_seconds(s: Scenario, param_bytes: float) -> float:
+    """Exposed time of one ZeRO-3 / FSDP all-gather of `param_bytes` over the ring (0 on one GPU)."""
+    n = s.world_size
+    if n == 1:
+        return 0.0
+    exposed = assumptions()["comm"]["exposed"].get(_sharding(s), 0.5)
+    return param_bytes * (n - 1) / n / _link_bytes_per_second(s) * exposed
+
+
+def host_link_bytes_per_second(s: Scenario, pinned: bool = True) -> float:
+    return _host_link(s, pinned)
 
 
 def step_time(s: Scenario) -> StepTime:

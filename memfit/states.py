@@ -276,7 +276,12 @@ def deepspeed_states(s: Scenario, tensors: list[ParamTensor]) -> ModelStates:
         gpu_share = _ratio_gpu_share(s, tensors) if ds.offload_optimizer != "none" else 1.0
         ms = _zero3_states(s, tensors, psi, frozen, lp, accum, gpu_share)
     adam_on_host = sum(b.nbytes for b in ms.host if "Adam" in b.name)
-    optimizer_file = 12 * (psi if ds.stage == 0 else part)  # fp32 master + m + v, torch.load without mmap
+    # the optimizer file (fp32 master + m + v, torch.load without mmap); ZeRO-3 with offload saves only
+    # CPUAdam's m, v: the sub-groups `ratio` keeps on the GPU are stepped by a backup AdamW whose state is
+    # never saved (stage3.py::_rigid_state_dict)
+    shard = psi if ds.stage == 0 else part
+    adam_file = adam_on_host if ds.stage == 3 and ds.offload_optimizer != "none" else 8 * shard
+    optimizer_file = 4 * shard + adam_file
     module_file = (2 * _sum(tensors) if ds.stage < 3 else 0)  # loaded and released before the optimizer file
     # ZeRO-2/3 checkpoints also carry the frozen params (`frozen_param_fragments`: whole under ZeRO-2, this
     # rank's partitions under ZeRO-3); _load_checkpoint hands them back in client_state, so they stay loaded
@@ -377,7 +382,6 @@ def _zero3_states(s, tensors, psi, frozen, lp, accum, gpu_share) -> ModelStates:
     n = s.world_size
     part = -(-psi // n)
     persistent = _sum(tensors, lambda t: t.numel < ds.param_persistence_threshold)
-    largest = _largest_module(tensors)
     prefetch = min(ds.prefetch_bucket_size, ds.max_live_parameters)
     retained = _zero3_retained(s, tensors, 1_000_000_000)
     ms = ModelStates()

@@ -77,6 +77,17 @@ def test_offload_ratio_moves_optimizer_bytes_from_host_to_gpu(scenario):
     assert moved_gpu == pytest.approx(16 * part * 0.1, rel=0.02)
 
 
+def test_ratio_does_not_change_the_zero3_offload_resume(scenario):
+    # the optimizer file holds every fp32 partition (4 B) but only CPUAdam's m, v; those loaded tensors become
+    # CPUAdam's state, so resume adds 4 B x partition whatever the ratio (stage3.py::_rigid_state_dict)
+    common = dict(model="qwen2.5-72b-instruct", gpu="a100-80gb", gpus=8, profile="openrlhf", zero_stage=3,
+                  offload_optimizer="cpu", pin_memory=False, sub_group_size=100_000_000)
+    _, full = _states(scenario(**common))
+    _, partial = _states(scenario(ratio=0.9, **common))
+    part = -(-count_params(scenario(**common).model) // 8)
+    assert full.resume_host == partial.resume_host == 4 * part
+
+
 def test_ratio_without_small_sub_groups_offloads_everything(scenario):
     # sub_group_size 1e9 > partition -> one sub-group -> int((1 - 0.9) * 1) = 0 stay on the GPU (knobs A.6)
     common = dict(model="qwen2-7b-instruct", gpus=4, profile="openrlhf", zero_stage=3, offload_optimizer="cpu")

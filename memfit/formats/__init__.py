@@ -142,6 +142,9 @@ def knobs_from_scenario(scenario) -> dict:
             k["grad_accum_dtype"] = d.grad_accum_dtype
     if s.fsdp is not None:
         k |= {"fsdp_strategy": s.fsdp.strategy, "fsdp_cpu_offload": s.fsdp.cpu_offload}
+    if s.rl is not None:  # several models: the RlConfig knobs (scenario.RL_KEYS)
+        k |= {name: getattr(s.rl, name) for name in ("ref_offload", "reward_offload", "vllm_gpu_memory_utilization",
+                                                     "vllm_sleep", "deepspeed_sleep")}
     return k
 
 

@@ -17,10 +17,12 @@ command is written back in the same style. OpenRLHF builds its DeepSpeed config 
 """
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 from dataclasses import dataclass, field
 
+from memfit.errors import MemfitError
 from memfit.formats.base import (HF_ATTENTION_NAME, ImportedConfig, as_int, attention_from_hf, bad, cannot,
                                  changed_knobs, read_text, same, suggest, verify_written)
 from memfit.formats.tables import table
@@ -56,6 +58,7 @@ FLAGS = {
     "tensor_parallel": ("--ds_tensor_parallel_size", "--ds.tensor_parallel_size"),
     "pretrain_mode": ("--pretrain_mode", "--model.pretrain_mode_enable"),
     "zpg": ("--zpg", "--ds.zpg"),
+    "ref_offload": ("--ref_offload", "--ref.offload"),  # train_dpo: offload_param of the reference (ZeRO-3)
 }
 UNSUPPORTED_DEEPSPEED = ("reduce_bucket_size", "contiguous_gradients", "prefetch_bucket_size",
                          "param_persistence_threshold", "max_live_parameters", "sub_group_size", "ratio",
@@ -283,6 +286,8 @@ def knobs_of(cmd: Command, version: str, where: str, world: dict) -> tuple[dict,
         raise bad(where, flag_name(version, cmd.script, "zero_stage"), f"ZeRO stage {k['zero_stage']} does not exist")
     k["offload_optimizer"] = "cpu" if v("adam_offload") else "none"
     k["offload_param"] = "none"  # the trained model's params stay on the GPU (get_train_ds_config offload=False)
+    if flag_name(version, cmd.script, "ref_offload"):
+        k["ref_offload"] = bool(v("ref_offload"))
     k["pin_memory"] = True  # get_train_ds_config hard-codes pin_memory: true
     k["checkpointing"] = "full" if v("checkpointing") else "off"
     if v("reentrant"):
@@ -401,6 +406,8 @@ def new_flags(imported: ImportedConfig, changes: dict) -> dict:
             if not (knob == "offload_param" and value in ("none", None)) and not (knob == "ratio" and value in (1.0, None)):
                 raise cannot(imported, knob, value, "OpenRLHF builds its DeepSpeed config in code without this "
                              "setting (openrlhf/utils/deepspeed/deepspeed_utils.py)")
+        elif knob == "ref_offload":
+            switch("ref_offload", knob, bool(value))
         elif knob == "checkpointing":
             if value not in ("full", "off", None):
                 raise cannot(imported, knob, value, "OpenRLHF has full gradient checkpointing or none")
@@ -589,3 +596,22 @@ def export(knobs: dict, model_name: str | None = None, *, version: str = "0.11.2
     if gpus:
         text = text.replace("deepspeed --module", f"deepspeed --num_gpus {gpus} --module", 1)
     return text
+
+
+# --- code edits: knobs OpenRLHF has no flag for ------------------------------------------------------------
+
+def edit_function(source: str, function: str, lines: list[str]) -> str:
+    """`source` with `lines` inserted just before the last `return` of `function` (e.g. OpenRLHF's
+    get_train_ds_config, which builds the DeepSpeed config memfit cannot reach with a flag)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as e:
+        raise MemfitError(f"cannot read the Python source to edit: {e}") from None
+    node = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == function), None)
+    ret = next((n for n in reversed(node.body) if isinstance(n, ast.Return)), None) if node else None
+    if ret is None:
+        raise MemfitError(f"no function {function}() ending in a return statement in that source")
+    text = source.splitlines(keepends=True)
+    indent = text[ret.lineno - 1][:ret.col_offset]
+    added = [f"{indent}{line}\n" for line in lines]
+    return "".join(text[:ret.lineno - 1] + added + text[ret.lineno - 1:])

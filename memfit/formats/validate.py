@@ -311,7 +311,9 @@ def _run_lf(doc: dict, mode: str, cwd: Path | None = None) -> str:
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd or tmp, timeout=600)
     if done.returncode != 0:
         tail = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
-        errors = [line for line in tail if "Error" in line or "error" in line]
+        # the child's own exception ("[rank0]: ValueError: ..."), not torchrun's report about the child
+        errors = [line for line in tail if line.startswith("[rank0]:") and "Error" in line] or [
+            line for line in tail if "Error" in line or "error" in line]
         raise ValidationFailed(f"LLaMA-Factory: {(errors or tail or ['exit ' + str(done.returncode)])[-1]}")
     return done.stdout
 
@@ -350,6 +352,11 @@ WHEEL_CACHE = Path(os.environ.get("MEMFIT_WHEEL_CACHE", Path(tempfile.gettempdir
 def openrlhf_source(version: str, script: str) -> str:
     """The script's source from the released wheel (pip download, no install: the package imports
     flash_attn, which needs CUDA)."""
+    return openrlhf_file(version, f"openrlhf/cli/{script}.py")
+
+
+def openrlhf_file(version: str, path: str) -> str:
+    """A file of the released wheel, e.g. openrlhf/utils/deepspeed/deepspeed_utils.py."""
     WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
     wheels = list(WHEEL_CACHE.glob(f"openrlhf-{version}-*.whl"))
     if not wheels:
@@ -357,8 +364,16 @@ def openrlhf_source(version: str, script: str) -> str:
                         "-d", str(WHEEL_CACHE)], check=True, capture_output=True, timeout=300)
         wheels = list(WHEEL_CACHE.glob(f"openrlhf-{version}-*.whl"))
     with zipfile.ZipFile(wheels[0]) as z:
-        name = next(n for n in z.namelist() if n.endswith(f"openrlhf/cli/{script}.py"))
+        name = next(n for n in z.namelist() if n.endswith(path))
         return z.read(name).decode()
+
+
+def openrlhf_train_ds_config(source: str, **arguments) -> dict:
+    """Run get_train_ds_config of (an edited copy of) OpenRLHF's deepspeed_utils.py: the DeepSpeed config
+    it hands to deepspeed.initialize (that module imports only deepspeed, torch and packaging)."""
+    namespace: dict = {"__name__": "openrlhf_deepspeed_utils"}
+    exec(compile(source, "openrlhf/utils/deepspeed/deepspeed_utils.py", "exec"), namespace)
+    return namespace["get_train_ds_config"](**arguments)
 
 
 def _literal(node):

@@ -80,12 +80,20 @@ class Runner:
         """Build the model; while building, its tensors are host RAM (a GPU run builds on the CPU and
         then moves it) unless `init_context` (zero.Init) places them on the device directly."""
         self.tk.context = "build" if side == "host" else None
+        # A real run's from_pretrained builds on the meta device and materializes each weight once; a
+        # random-init build allocates every module for real first (Qwen2's lm_head before tie_weights drops
+        # it: +2 B x vocab x hidden). The host load of a random-init build is the built model, so peaks
+        # inside it are not recorded; the level it leaves is. (With model_dir the real loader is measured.)
+        recording = self.tk.record
+        self.tk.record = recording and (side != "host" or self.model_dir is not None)
         try:
             # built on the CPU like a training script does (zero.Init places partitions itself); the
             # engine (or wrap) moves it to the device
             model, self.autocast, self.notes = build_model(self.s, "cpu", init_context, self.model_dir)
         finally:
             self.tk.context = None
+            self.tk.record = recording
+            self.tk.set_phase(self.tk.phase)  # record the level the build leaves
         self._install_hooks(model)
         return model
 
@@ -161,6 +169,20 @@ class DeepSpeedRunner(Runner):
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=self.model, model_parameters=params,
                                                                  config=self.config)
+        if self.device == "cpu":
+            self._emulate_accelerator_subgroups(self.engine.optimizer)
+
+    def _emulate_accelerator_subgroups(self, opt):
+        """Under `ratio` a CUDA run steps the sub-groups kept on the GPU with a backup torch AdamW whose state
+        stage3.py::_rigid_state_dict never saves. On a CPU accelerator subgroup_to_device names them 'cpu'
+        (the accelerator's name), so CPUAdam would step and save them: relabel them and drop CPUAdam's state
+        for them, and the run takes the CUDA path (stage3.py::_optimizer_step)."""
+        if getattr(opt, "backup_optimizer", None) is None:
+            return
+        for i, t in enumerate(opt.fp32_partitioned_groups_flat):
+            if self._zero3_subgroup_side(opt, i) == "device":
+                opt.subgroup_to_device[i] = "emulated-accelerator"
+                opt.optimizer.state.pop(t, None)
 
     def engine_forward(self, batch):
         return self.engine(**batch)
@@ -547,4 +569,8 @@ def install_patches(get_tracker) -> None:
 def runner_for(scenario: Scenario, tracker: MemoryTracker, model_dir: str | None = None, device: str = "cpu") -> Runner:
     if scenario.engine not in RUNNERS:
         raise MemfitError(f"memfit measure cannot run engine {scenario.engine!r}")
+    if scenario.method in ("dpo", "ipo"):  # issue 6: OpenRLHF's policy + reference engines
+        from memfit.measure.dpo import DpoRunner
+
+        return DpoRunner(scenario, tracker, model_dir, device)
     return RUNNERS[scenario.engine](scenario, tracker, model_dir, device)

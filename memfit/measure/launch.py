@@ -40,6 +40,9 @@ def plan(scenario: Scenario, allow_substitutions: bool = True) -> tuple[Scenario
     """
     cuda = _cuda()
     used_instead: list[str] = []
+    if scenario.method not in ("sft", "pt") and (scenario.method not in ("dpo", "ipo") or scenario.engine != "deepspeed"):
+        raise MemfitError(f"measure runs {scenario.method} only as OpenRLHF's DPO/IPO on DeepSpeed "
+                          f"(--method dpo --engine deepspeed --profile openrlhf)")
     if scenario.tuning == "qlora" and not cuda:
         raise MemfitError("QLoRA needs bitsandbytes 4-bit kernels, which need CUDA; measure a LoRA run (--tuning lora) on the CPU instead")
     if scenario.optimizer in ("adamw-8bit", "paged-adamw-8bit", "paged-adamw-32bit") and not cuda:

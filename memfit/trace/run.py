@@ -179,7 +179,11 @@ def _host_transfer(acc: Accountant) -> HostTransfer:
 
 # ---------------------------------------------------------------------------------------------- the trace
 def _check_supported(scenario: Scenario) -> None:
-    if scenario.loss != "standard":
+    if scenario.method not in ("sft", "pt"):
+        from memfit.trace.dpo import check_supported
+
+        check_supported(scenario)
+    elif scenario.loss != "standard":
         raise MemfitError(f"trace runs the model's own loss; loss {scenario.loss!r} is not traced yet")
     if scenario.model.encoder_decoder:
         raise MemfitError("trace runs decoder-only models")
@@ -209,8 +213,11 @@ def run_trace(scenario: Scenario, steps: int = 2, *, fake: bool = True, pad_toke
     acc.inspect = inspect
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
     built = build_model(scenario, device="cpu", fake_mode=fake_mode, host_transfer=_host_transfer(acc))
+    reference = _preference_models(scenario, built, fake_mode)
     optimizer = make_optimizer(scenario, built.trainable)
     handles = _install_hooks(acc, built)
+    if reference is not None:
+        handles.append(reference.lm_head.register_forward_pre_hook(lambda *_: setattr(acc, "region", "logits_loss")))
     kernels = {}
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the trace reports its own notes
@@ -222,7 +229,7 @@ def run_trace(scenario: Scenario, steps: int = 2, *, fake: bool = True, pad_toke
                 stack.enter_context(fake_mode)
             stack.enter_context(acc)
             for step in range(steps):
-                kernels = _train_step(acc, built, optimizer, scenario, step, pad_tokens, fake, target)
+                kernels = _train_step(acc, built, optimizer, scenario, step, pad_tokens, fake, target, reference)
     finally:
         hf_logging.set_verbosity(verbosity)
         for h in handles:
@@ -232,7 +239,7 @@ def run_trace(scenario: Scenario, steps: int = 2, *, fake: bool = True, pad_toke
     profile = acc.profile(last)
     marks = {name.split("@")[0]: b for name, b in acc.marks.items() if name.endswith(f"@{last}")}
     result = TraceResult(profile, acc.timeline, seconds, steps, marks, kernels,
-                         _notes(scenario, built, fake, target, pad_tokens), {}, _summary(scenario))
+                         _notes(scenario, built, fake, target, pad_tokens, reference), {}, _summary(scenario))
     result.extras = _extras(result)
     return result
 
@@ -256,18 +263,41 @@ def batch_facts(scenario: Scenario):
         masking_utils.find_packed_sequence_indices = original
 
 
-def _train_step(acc, built, optimizer, scenario, step, pad_tokens, fake, target) -> dict:
+def _batch_and_loss(acc, built, reference, scenario, pad_tokens, fake):
+    """The micro-batch and the forward that turns it into the loss: HF's (SFT) or OpenRLHF's DPO step."""
+    if scenario.method in ("sft", "pt"):
+        # HF compute_loss returns the loss only: the output with its logits dies with this call
+        return make_batch(scenario, pad_tokens, fake, acc), lambda batch: built.model(**batch.kwargs).loss
+    from memfit.trace import dpo
+
+    return (dpo.preference_batch(scenario, pad_tokens, fake, acc),
+            lambda batch: dpo.forward_loss(acc, built, reference, batch, scenario))
+
+
+def _preference_models(scenario: Scenario, built: BuiltModel, fake_mode) -> BuiltModel | None:
+    """DPO / IPO: OpenRLHF's changes to the policy, and its separate reference model (None for SFT)."""
+    if scenario.method in ("sft", "pt"):
+        return None
+    from memfit.trace.dpo import build_reference, prepare_policy
+
+    prepare_policy(built)
+    return build_reference(scenario, fake_mode)
+
+
+def _train_step(acc, built, optimizer, scenario, step, pad_tokens, fake, target, reference=None) -> dict:
     _label_state(acc, built, optimizer)
+    if reference is not None:
+        for t in (*reference.model.parameters(), *reference.model.buffers()):
+            acc.register(t, "weights")
     acc.enter_phase("forward", step)
-    batch = make_batch(scenario, pad_tokens, fake, acc)
+    batch, forward_loss = _batch_and_loss(acc, built, reference, scenario, pad_tokens, fake)
     autocast = (torch.autocast("cpu", dtype=built.autocast_dtype) if built.autocast_dtype is not None
                 else nullcontext())
     with emulate_cuda(target, acc, batch.real_tokens, batch.indices) as cuda_state, batch_facts(scenario):
         with autocast:
-            out = built.model(**batch.kwargs)
+            loss = forward_loss(batch)
         acc.region = "activations"
-        loss = out.loss
-        del out, batch  # HF compute_loss returns the loss only; logits die here
+        del batch
         _mark(acc, "forward_end", step)
         acc.enter_phase("backward")
         acc.region = "logits_loss"
@@ -311,11 +341,16 @@ def _summary(scenario: Scenario) -> dict:
         "attention": scenario.attention, "checkpointing": scenario.checkpointing, "reentrant": scenario.reentrant,
         "padding": scenario.padding, "micro_batch": scenario.micro_batch, "seq_len": scenario.seq_len,
         "lora_rank": scenario.lora.rank if scenario.lora else None, "gpu": scenario.hardware.gpu.id,
-    }
+    } | ({"method": scenario.method} if scenario.method not in ("sft", "pt") else {})
 
 
-def _notes(scenario: Scenario, built: BuiltModel, fake: bool, target: CudaTarget, pad_tokens: int) -> list[str]:
+def _notes(scenario: Scenario, built: BuiltModel, fake: bool, target: CudaTarget, pad_tokens: int,
+           reference: BuiltModel | None = None) -> list[str]:
     notes = list(built.notes)
+    if reference is not None:
+        notes.append(f"{scenario.method}: OpenRLHF DPOTrainer step on {2 * scenario.micro_batch} rows (chosen + "
+                     f"rejected): policy forward, fp32 logits into flash_attn's cross entropy (stand-in), then "
+                     f"a separate frozen 16-bit reference model under no_grad, then the loss")
     notes.append("fake tensors on the CPU (no memory, no math)" if fake else "real tensors on the CPU")
     notes.append(f"CUDA emulation for compute capability {target.compute_capability}: SDPA picks "
                  f"{'cuDNN, ' if target.prefer_cudnn else ''}flash, mem-efficient, math by torch's CUDA rules; "

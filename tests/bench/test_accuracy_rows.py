@@ -101,3 +101,18 @@ def test_rows_filter_and_grid_shape():
     assert 15 <= len(accuracy.quick_grid()) <= 25
     picked = accuracy.select(grid, "qwen3-8b+lora,gemma2")
     assert picked and all(("qwen3-8b" in r.id and "lora" in r.id) or "gemma2" in r.id for r in picked)
+
+
+def test_dpo_rows_are_keyed_apart_and_compared_with_estimate_roles(tmp_path):
+    dpo = accuracy.GridRow("tiny", TINY, "full", "off", "sdpa", 2, 64, "bf16-pure", "adamw-foreach", method="dpo")
+    sft = accuracy.GridRow("tiny", TINY, "full", "off", "sdpa", 2, 64, "bf16-pure", "adamw-foreach")
+    assert dpo.id.startswith("dpo/") and dpo.scenario().profile == "openrlhf"
+    assert accuracy.fingerprint(dpo.scenario()) != accuracy.fingerprint(sft.scenario())
+    cache = accuracy.TraceCache(tmp_path / "cache.json")
+    accuracy.fill_cache([dpo], cache, log=lambda *_: None)
+    (c,) = accuracy.evaluate([dpo], cache)
+    assert c.ok and abs(c.total_error) <= 2.0  # the bench's bar for the DPO group
+    groups = accuracy.group_summaries([c])
+    assert groups["dpo"]["n"] == 1 and groups["moe"]["n"] == 0
+    ids = [r.id for r in accuracy.all_rows()]
+    assert len(ids) == len(set(ids)) and sum(i.startswith("dpo/") for i in ids) >= 16

@@ -7,7 +7,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VENV="${MEMFIT_LLAMAFACTORY_VENV:-.venvs/llamafactory}"
+# liger-kernel's metadata only: get_train_args checks it is installed when a YAML sets enable_liger_kernel
+# (memfit plans it); its Triton kernels never run in a parser check, so no dependencies
+LIGER="liger-kernel==0.8.5"
 if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import llamafactory" 2>/dev/null; then
+    "$VENV/bin/python" -c "import importlib.metadata as m; m.version('liger-kernel')" 2>/dev/null \
+        || "$VENV/bin/pip" install -q --no-deps "$LIGER"
     exit 0
 fi
 python -m venv "$VENV"
@@ -16,3 +21,4 @@ PIN="$(mktemp)"; echo "torch==2.13.0" > "$PIN"
 "$VENV/bin/pip" install -q llamafactory==0.9.5 deepspeed==0.19.8 -c "$PIN"
 "$VENV/bin/pip" uninstall -q -y torchvision
 rm -f "$PIN"
+"$VENV/bin/pip" install -q --no-deps "$LIGER"

@@ -156,6 +156,8 @@ def test_openrlhf_argparse_accepts_what_we_write(examples, name, openrlhf_wheels
         assert args[dest("seq_len")] == imported.knobs["seq_len"]
         assert args[dest("adam_offload")] == (imported.knobs["offload_optimizer"] == "cpu")
         assert (args[dest("lora_rank")] > 0) == (imported.knobs["tuning"] in ("lora", "qlora"))
+        if "ref_offload" in imported.knobs:  # train_dpo
+            assert args[dest("ref_offload")] == imported.knobs["ref_offload"]
 
 
 def test_openrlhf_argparse_rejects_a_wrong_flag(openrlhf_wheels):
@@ -198,3 +200,55 @@ def test_llamafactory_rejects_an_unknown_key(tmp_path, llamafactory_venv):
     text = (EXAMPLES / "llamafactory/examples/train_lora/llama3_lora_sft.yaml").read_text()
     with pytest.raises(validate.ValidationFailed):
         validate.validate_llamafactory(text + "gradient_checkpointing_disable: true\n", base_dir=tmp_path)
+
+
+# --- code edits: knobs OpenRLHF has no flag for, set in get_train_ds_config -----------------------------
+
+DS_UTILS = "openrlhf/utils/deepspeed/deepspeed_utils.py"
+
+
+def _planned_code_edits():
+    """The code edits memfit plans for the 72B host OOM (report-qwen25-72b-offload-pinned): a fresh start."""
+    from memfit.catalog import find_gpu, find_model
+    from memfit.plan import Options, plan
+    from memfit.profiles import build_scenario
+    from memfit.scenario import Hardware
+
+    hw = Hardware(gpu=find_gpu("a100-80gb"), gpus_per_node=8, host_ram_bytes=1_400_000_000_000)
+    base = build_scenario(find_model("Qwen/Qwen2.5-72B-Instruct"), hw,
+                          {"zero_stage": 3, "offload_optimizer": "cpu", "micro_batch": 1, "seq_len": 2048,
+                           "checkpointing": "full"}, "openrlhf")
+    rows = plan(base, set(), None, top_k=10, options=Options(resume=False))
+    return [c.code_edit for r in rows for c in r.changes if c.code_edit]
+
+
+def _catalog_code_edits():
+    """Every assignment catalog/plan.toml knows for OpenRLHF, with the values of the reported fixes."""
+    from memfit.plan import CodeEdit, framework_options
+
+    where = framework_options()["openrlhf"]["code_edits"]
+    values = {"pin_memory": False, "ratio": 0.9, "sub_group_size": 100_000_000}
+    return [CodeEdit(where["file"], where["function"], tuple((where[k], v) for k, v in values.items()))]
+
+
+@pytest.mark.parametrize("version", validate.OPENRLHF_VERSIONS)
+def test_deepspeed_accepts_the_code_edits_applied_to_openrlhfs_get_train_ds_config(version, openrlhf_wheels):
+    pytest.importorskip("deepspeed")
+    edits = _planned_code_edits()
+    assert edits
+    edits += _catalog_code_edits()
+    source = validate.openrlhf_file(version, DS_UTILS)
+
+    def deepspeed_sees(text: str):
+        config = validate.openrlhf_train_ds_config(text, offload=False, adam_offload=True, stage=3)
+        # OpenRLHF's strategy adds the batch sizes before deepspeed.initialize (micro 1 x 8 steps x 8 GPUs)
+        config |= {"train_micro_batch_size_per_gpu": 1, "train_batch_size": 64}
+        return validate.validate_deepspeed(json.dumps(config), world_size=8).zero_config
+
+    assert deepspeed_sees(source).offload_optimizer.pin_memory is True  # the hard-coded value edits change
+    for edit in edits:
+        zero = deepspeed_sees(orl.edit_function(source, edit.function, edit.lines()))
+        for target, value in edit.assignments:
+            key = target.rsplit('["', 1)[1].rstrip('"]')
+            got = getattr(zero.offload_optimizer, key) if "offload_optimizer" in target else getattr(zero, key)
+            assert got == value, (target, got)

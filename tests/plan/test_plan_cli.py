@@ -59,6 +59,39 @@ def test_bad_top_is_refused():
         run(QWEN + ["--top", "0"])
 
 
-def test_dpo_is_not_planned_yet():
-    with pytest.raises(MemfitError, match="sft and pt"):
-        run(QWEN + ["--method", "dpo"])
+GLM_DPO = ["plan", "THUDM/glm-4-9b-chat", "--gpu", "a100-80gb", "--gpus", "8", "--profile", "openrlhf", "--method",
+           "dpo", "--zero", "3", "--micro-batch", "1", "--seq", "8192", "--ckpt", "--attn", "eager",
+           "--global-batch", "128"]
+QWEN72 = ["plan", "Qwen/Qwen2.5-72B-Instruct", "--gpu", "a100-80gb", "--gpus", "8", "--profile", "openrlhf", "--zero",
+          "3", "--offload-optimizer", "cpu", "--micro-batch", "1", "--seq", "2048", "--ckpt", "--host-ram", "1.4TB"]
+
+
+def test_dpo_plan_json_leads_with_flash_attention(capsys):
+    assert run(GLM_DPO + ["--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["method"] == "dpo" and doc["start"]["verdict"] == "oom"
+    first = doc["rows"][0]
+    assert {(c["knob"], c["after"]) for c in first["changes"]} == {("attention", "flash")}
+    assert first["config"]["global_batch"] == 128 and "ref_offload" in first["config"]
+
+
+def test_code_edits_are_printed_with_the_function_and_keys(capsys):
+    assert run(QWEN72 + ["--no-resume"]) == 0
+    out = capsys.readouterr().out
+    assert "needs a code edit" in out and "get_train_ds_config" in out
+    assert 'zero_opt_dict["offload_optimizer"]' in out
+
+
+def test_without_code_edits_the_72b_run_has_no_plan_and_its_resume_needs_ratio(capsys):
+    assert run(QWEN72 + ["--no-resume", "--no-code-edits", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["rows"] == [] and doc["closest_miss"]["verdict"] == "host_oom"
+    assert doc["code_edits_searched"] is False and doc["resume_judged"] is False
+    # at a resume every rank loads 4 B x its partition beside the offloaded states: only moving sub-groups
+    # to the GPUs (ratio < 1, a code edit) brings the node under 1.4 TB
+    assert run(QWEN72 + ["--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert rows and all(r["host_peak_bytes"] <= 1.4e12 for r in rows)
+    for r in rows:
+        ratio = [c for c in r["changes"] if c["knob"] == "ratio"]
+        assert ratio and ratio[0]["after"] < 1 and ratio[0]["code_edit"]

@@ -1,10 +1,12 @@
 """memfit/plan.py: only fitting configurations, the global batch kept, `allow` and the frameworks'
 constraints respected, the user reports' fixes found, each change measured."""
+from dataclasses import replace
+
 import pytest
 
 from memfit.errors import MemfitError
 from memfit.estimate import estimate
-from memfit.plan import baseline, choose_for_fit, closest_miss, plan
+from memfit.plan import Options, baseline, choose_for_fit, closest_miss, plan
 from memfit.speed import step_time
 
 QWEN = dict(model="Qwen/Qwen2-7B-Instruct", gpu="rtx4090", gpus=4, profile="openrlhf", tuning="full", zero_stage=3,
@@ -84,12 +86,6 @@ def test_unknown_allow_words_are_refused(scenario):
         plan(scenario(**QWEN), {"full-finetune-please"}, None)
 
 
-def test_multi_model_methods_are_not_planned(scenario):
-    base = scenario(**QWEN).with_changes(method="dpo")
-    with pytest.raises(MemfitError, match="sft and pt"):
-        plan(base, set(), None)
-
-
 def test_the_frameworks_constraints_hold_in_every_row(scenario):
     bases = [scenario(**QWEN), scenario(**QWEN, host_ram=200 * 2**30),
              scenario(model="meta-llama/Llama-3.1-8B-Instruct", gpu="a100-80gb", gpus=2, profile="hf-trainer",
@@ -130,11 +126,58 @@ def test_ratio_comes_with_a_sub_group_size_that_makes_it_act(scenario):
         assert int((1 - ds.ratio) * groups) >= 1
 
 
-def test_openrlhf_plans_carry_no_knob_its_command_line_lacks(scenario):
-    # OpenRLHF writes its DeepSpeed offload block in code: no ratio, sub-group size or pin_memory flag
-    for r in plan(scenario(**QWEN), set(), None, top_k=10):
+def test_openrlhf_plans_mark_knobs_its_command_line_lacks_as_code_edits(scenario):
+    # OpenRLHF writes its DeepSpeed offload block in code (get_train_ds_config): no ratio, sub-group size or
+    # pin_memory flag. The plan may change them only as marked code edits, and not at all without code edits.
+    rows = plan(scenario(**QWEN), set(), None, top_k=10)
+    edited = [c for r in rows for c in r.changes if c.knob in ("ratio", "pin_memory")]
+    assert edited  # ratio keeps part of Adam on the GPU: faster, and it still fits on 4 x 4090
+    for c in edited:
+        assert c.code_edit.function == "get_train_ds_config"
+        assert c.code_edit.file == "openrlhf/utils/deepspeed/deepspeed_utils.py"
+        assert any(target.startswith('zero_opt_dict["offload_optimizer"]') for target, _ in c.code_edit.assignments)
+    assert all(c.code_edit is None for r in rows for c in r.changes if c.knob not in ("ratio", "pin_memory"))
+    for r in plan(scenario(**QWEN), set(), None, top_k=10, options=Options(code_edits=False)):
         ds = r.scenario.deepspeed
         assert ds.ratio == 1.0 and ds.pin_memory is True
+
+
+QWEN72 = dict(model="Qwen/Qwen2.5-72B-Instruct", gpu="a100-80gb", gpus=8, profile="openrlhf", zero_stage=3,
+              offload_optimizer="cpu", checkpointing="full", attention="flash", micro_batch=1, seq_len=2048,
+              host_ram=1_400_000_000_000)
+
+
+def test_qwen25_72b_pinned_start_fits_only_through_a_code_edit(scenario):
+    """report-qwen25-72b-offload-pinned: a fresh start on 1 node x 8 A100-80GB with 1.4 TB runs out of host
+    RAM with OpenRLHF's hard-coded pin_memory; only an edit of get_train_ds_config makes it fit."""
+    base = scenario(pin_memory=True, **QWEN72)
+    fresh = Options(resume=False)
+    assert baseline(base, options=fresh).verdict == "host_oom"
+    assert plan(base, set(), None, options=Options(code_edits=False, resume=False)) == []
+    rows = plan(base, set(), None, options=fresh)
+    assert rows
+    for r in rows:
+        assert r.host_peak_bytes <= 1_400_000_000_000
+        edits = [c for c in r.changes if c.code_edit]
+        assert edits and all(c.knob in ("pin_memory", "ratio") for c in edits)
+        assert any(c.needed_to_fit for c in edits)
+    pin_false = baseline(base.with_changes(deepspeed=replace(base.deepspeed, pin_memory=False)), options=fresh)
+    assert pin_false.verdict in ("fits", "tight")  # the reported fix fits a fresh start ...
+    assert rows[0].tokens_per_second >= pin_false.tokens_per_second  # ... and the first row is at least as fast
+
+
+def test_a_resume_is_judged_unless_the_run_never_resumes(scenario):
+    """Each rank torch.loads its optimizer partition on resume (knobs.md A.8): with pin_memory false the
+    72B run fits a fresh start but not a resume on 1.4 TB; only ratio < 1 (a code edit) fixes the resume."""
+    base = scenario(pin_memory=False, **QWEN72)
+    fresh = baseline(base, options=Options(resume=False))
+    assert fresh.verdict in ("fits", "tight")
+    resumed = baseline(base)
+    assert resumed.verdict == "host_oom"
+    assert resumed.host_peak_bytes - fresh.host_peak_bytes > 100 * 2**30
+    assert plan(base, set(), None, options=Options(code_edits=False)) == []
+    rows = plan(base, set(), None)
+    assert rows and all(r.scenario.deepspeed.ratio < 1 for r in rows)
 
 
 def test_changes_name_the_start_and_the_plan(scenario):
