@@ -259,6 +259,19 @@ def _zero3_retained(s: Scenario, tensors: list[ParamTensor], max_reuse: int) -> 
     return retained
 
 
+def _moe_block_elements(tensors: list[ParamTensor]) -> int:
+    """Elements of one sparse MoE block (router + every routed expert + shared experts): the ZeRO-3 fetch unit
+    when the block is a leaf module (deepspeed.utils.set_z3_leaf_modules, as LLaMA-Factory's
+    add_z3_leaf_module sets it): fetch_sub_module gathers iter_params(block, recurse=True) at once and
+    release_sub_module frees them together (partitioned_param_coordinator.py). 0 for a dense model."""
+    routers = [t for t in tensors if t.kind == "router" and t.module == "gate"]
+    if not routers:
+        return 0
+    blocks = sum(t.count for t in routers)
+    moe = [t for t in tensors if t.kind == "router" or ".experts." in t.name or ".shared_expert" in t.name]
+    return sum(t.total for t in moe) // max(blocks, 1)
+
+
 def deepspeed_states(s: Scenario, tensors: list[ParamTensor]) -> ModelStates:
     """DeepSpeed 0.19 buffers, as measured on the real engine (memfit/measure/FINDINGS.md, knobs.md A)."""
     ds = s.deepspeed
@@ -384,9 +397,15 @@ def _zero3_states(s, tensors, psi, frozen, lp, accum, gpu_share) -> ModelStates:
     persistent = _sum(tensors, lambda t: t.numel < ds.param_persistence_threshold)
     prefetch = min(ds.prefetch_bucket_size, ds.max_live_parameters)
     retained = _zero3_retained(s, tensors, 1_000_000_000)
+    working = retained + prefetch
+    block = _moe_block_elements(tensors)
+    if block and retained < _zero3_retained(s, tensors, 2**62):  # some layer (and its block) is released
+        # a MoE block not retained is fetched whole (a leaf module; in transformers 5 the experts are stacked
+        # params anyway) and waited on before the next modules are prefetched: it adds to the working set
+        working += block
     ms = ModelStates()
     ms.weights = int((frozen + psi * lp) / n) + persistent * lp
-    ms.gathered_forward = ms.gathered_backward = (retained + prefetch) * lp
+    ms.gathered_forward = ms.gathered_backward = working * lp
     ms.load_transient = 2 * part * lp  # defragment copies every partition into lp_param_buffer
     ms.grads_unreduced = _largest_module([t for t in tensors if t.trainable]) * lp
     ms.engine_buffers = ds.reduce_bucket_size * lp  # one IPG buffer in stage 3

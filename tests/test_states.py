@@ -188,6 +188,19 @@ def test_zero3_keeps_a_tied_head_gathered_into_backward_even_when_frozen(scenari
     assert _zero3_retained(u, _states(u)[0], max_reuse=0) == 128256 * 4096  # the untied lm_head
 
 
+def test_zero3_fetches_a_moe_block_whole_beside_what_it_retains(scenario):
+    # the sparse MoE block is a ZeRO-3 leaf module (LLaMA-Factory add_z3_leaf_module): router + all 8 experts
+    # are gathered at once; with max_reuse_distance 1e9 a Mixtral-8x7B layer (1.4B elements) is not retained,
+    # so the working set is the head (kept for its backward) + one whole block + the prefetch bucket
+    s = scenario("mixtral-8x7b", gpus=8, zero_stage=3)
+    _, ms = _states(s)
+    block = 8 * 3 * 4096 * 14336 + 4096 * 8
+    assert ms.gathered_forward == ms.gathered_backward == 2 * (32000 * 4096 + block + int(0.9 * 4096 * 4096))
+    # a dense model has no such unit: head + prefetch
+    d = scenario("llama-3.1-8b-instruct", gpus=8, zero_stage=3)
+    assert _states(d)[1].gathered_forward == 2 * (128256 * 4096 + int(0.9 * 4096 * 4096))
+
+
 def test_fsdp2_root_reduce_scatter_buffer_and_sharded_resume(scenario):
     s = scenario("llama-3.1-8b-instruct", gpu="a100-80gb", gpus=8, fsdp_strategy="full_shard",
                  precision="bf16-mixed")

@@ -166,6 +166,8 @@ class DeepSpeedRunner(Runner):
         if ds.stage == 3 and ds.zero3_init:
             init_context = deepspeed.zero.Init(config_dict_or_path=self.config, dtype=compute_dtype(s))
         self.model = self._build(init_context, side="device" if init_context else "host")
+        if ds.stage == 3:
+            self.notes += set_moe_leaf_modules(self.model)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=self.model, model_parameters=params,
                                                                  config=self.config)
@@ -314,6 +316,33 @@ class DeepSpeedRunner(Runner):
         for t in getattr(opt, "fp32_groups_gradients_flat", []) or []:
             tk.claim(t, "gradients", "device", "BF16_Optimizer.fp32_groups_gradients_flat")
         self.claim_state(opt.optimizer, name=f"{type(opt).__name__}.optimizer.state")
+
+
+# LLaMA-Factory model_utils/moe.py::add_z3_leaf_module: under ZeRO-3 the sparse MoE block is a leaf module
+# (deepspeed.utils.set_z3_leaf_modules), fetched and released as one unit with all its experts.
+Z3_LEAF_MOE_BLOCKS = {
+    "mixtral": "MixtralSparseMoeBlock",
+    "qwen2_moe": "Qwen2MoeSparseMoeBlock",
+    "qwen3_moe": "Qwen3MoeSparseMoeBlock",
+    "deepseek_v3": "DeepseekV3MoE",
+    "olmoe": "OlmoeSparseMoeBlock",
+}
+
+
+def set_moe_leaf_modules(model) -> list[str]:
+    """Mark the model's sparse MoE blocks as ZeRO-3 leaf modules, as LLaMA-Factory does (before
+    deepspeed.initialize). Returns a note, or nothing for a dense model."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    block = Z3_LEAF_MOE_BLOCKS.get(getattr(base.config, "model_type", None))
+    if block is None:
+        return []
+    classes = {type(m) for m in base.modules() if type(m).__name__ == block}
+    if not classes:
+        return []
+    from deepspeed.utils import set_z3_leaf_modules
+
+    set_z3_leaf_modules(base, list(classes))
+    return [f"ZeRO-3 leaf modules: {block} (as LLaMA-Factory's add_z3_leaf_module)"]
 
 
 def _clear_zero3_release_cache() -> None:
