@@ -185,28 +185,35 @@ class MultiEstimate:
 
 
 # ---------------------------------------------------------------------------------------------- settle
+def _add(into: dict[str, int], parts: dict[str, int], **extra: int) -> dict[str, int]:
+    for c, n in (*parts.items(), *extra.items()):
+        into[c] = into.get(c, 0) + int(n)
+    return into
+
+
 def _settle(holdings: list[Holding], processes: dict[str, Process]) -> tuple[dict[str, Breakdown], Breakdown,
                                                                                  Breakdown, Breakdown]:
     """Per-role device bytes and the group's allocated / reserved / device total at one moment. Each process
     pays its own CUDA context and NCCL communicators (knobs.md H.1) and keeps its own allocator cache;
-    those land on the first role the process holds."""
-    by_role: dict[str, Breakdown] = {}
+    those land on the first role the process holds. (Plain dicts inside: planning settles thousands of moments.)"""
+    by_role: dict[str, dict[str, int]] = {}
     first_role: dict[str, str] = {}
-    alloc = reserved = device = Breakdown({})
+    alloc: dict[str, int] = {}
+    reserved: dict[str, int] = {}
     for h in holdings:
         first_role.setdefault(h.process, h.role)
-        alloc = _sum(alloc, h.allocated)
-        own = h.allocated.plus("runtime_overhead", h.cache)
-        reserved = _sum(reserved, own)
-        own = own.plus("optimizer_states", h.outside)
-        by_role[h.role] = _sum(by_role.get(h.role, Breakdown({})), own)
-    device = reserved
+        _add(alloc, h.allocated.parts)
+        _add(reserved, h.allocated.parts, runtime_overhead=h.cache)
+        _add(by_role.setdefault(h.role, {}), h.allocated.parts, runtime_overhead=h.cache, optimizer_states=h.outside)
     for name, role in first_role.items():
         p = processes[name]
         context, nccl = overheads.non_torch_device_bytes(p.world, p.nodes)
-        by_role[role] = by_role[role].plus("runtime_overhead", context + nccl)
-    device = _sum(*by_role.values())
-    return by_role, alloc, reserved, device
+        _add(by_role[role], {}, runtime_overhead=context + nccl)
+    device: dict[str, int] = {}
+    for parts in by_role.values():
+        _add(device, parts)
+    return ({r: Breakdown(parts) for r, parts in by_role.items()}, Breakdown(alloc), Breakdown(reserved),
+            Breakdown(device))
 
 
 def _group(name: str, gpus: int, capacity: int, moments: dict[str, list[Holding]],
