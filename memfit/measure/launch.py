@@ -142,6 +142,14 @@ def run_measure(scenario: Scenario, steps: int = 3, model_dir: str | None = None
     return run_batch([scenario], steps, model_dir, **kwargs)[0]
 
 
+def _stale_build_locks(older_than_s: float = 600) -> str:
+    """A DeepSpeed op JIT build killed midway leaves its torch_extensions `lock` file behind, and every later
+    build of that op waits on it forever (torch.utils.file_baton.FileBaton): name any old one."""
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+    old = [str(f) for f in root.glob("**/lock") if time.time() - f.stat().st_mtime > older_than_s]
+    return f"; a killed op build left {', '.join(old)}: remove it and run again" if old else ""
+
+
 def _launch(world: int, workdir: Path, timeout: float, threads: int) -> None:
     port = _free_port()
     procs = []
@@ -161,7 +169,8 @@ def _launch(world: int, workdir: Path, timeout: float, threads: int) -> None:
     try:
         while any(p.poll() is None for p, _ in procs):
             if time.time() > deadline:
-                raise MemfitError(f"measure ranks did not finish within {timeout:.0f} s (logs in {workdir})")
+                raise MemfitError(f"measure ranks did not finish within {timeout:.0f} s (logs in {workdir})"
+                                  + _stale_build_locks())
             if any(p.poll() not in (None, 0) for p, _ in procs):
                 time.sleep(5)  # give the other ranks a moment to write their error, then stop them
                 break

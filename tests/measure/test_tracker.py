@@ -114,3 +114,19 @@ def test_gloo_reduce_scatter_scratch_is_not_device_memory():
         assert tk.peaks[(1, "backward", "device")].total == 8 * MB
     finally:
         dist.destroy_process_group()
+
+
+def test_a_timeout_names_a_stale_op_build_lock(tmp_path, monkeypatch):
+    # a DeepSpeed JIT build killed midway leaves `lock`; later builds wait on it forever (FileBaton)
+    import os
+    import time
+
+    from memfit.measure.launch import _stale_build_locks
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = tmp_path / "py311_cpu" / "fused_adam" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    assert _stale_build_locks() == ""  # a build in progress is not stale
+    os.utime(lock, (time.time() - 3600, time.time() - 3600))
+    assert str(lock) in _stale_build_locks()
