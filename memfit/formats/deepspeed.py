@@ -194,6 +194,16 @@ def _set_zero(zero: dict, names: tuple[str, ...], value) -> None:
         zero[key or names[0]] = value
 
 
+def _put(section: dict | None, key: str, value) -> dict:
+    """A copy of a config section with `key` set, or removed when `value` is None (back to the default)."""
+    out = dict(section or {})
+    if value is None:
+        out.pop(key, None)
+    else:
+        out[key] = value
+    return out
+
+
 def apply_engine(doc: dict, changes: dict, imported: ImportedConfig) -> dict:
     """A copy of `doc` with the engine knobs in `changes` written in (None = remove the key)."""
     doc = doc_copy(doc)
@@ -214,28 +224,14 @@ def apply_engine(doc: dict, changes: dict, imported: ImportedConfig) -> dict:
         sections = [s for s in ("offload_optimizer", "offload_param") if isinstance(zero.get(s), dict)]
         active = [s for s in sections if zero[s].get("device", "none") != "none"]
         for section in active or sections or ["offload_optimizer"]:
-            zero[section] = dict(zero.get(section) or {})
-            if changes["pin_memory"] is None:
-                zero[section].pop("pin_memory", None)
-            else:
-                zero[section]["pin_memory"] = changes["pin_memory"]
+            zero[section] = _put(zero.get(section), "pin_memory", changes["pin_memory"])
     if "ratio" in changes:
-        section = dict(zero.get("offload_optimizer") or {})
-        if changes["ratio"] is None:
-            section.pop("ratio", None)
-        else:
-            section["ratio"] = changes["ratio"]
-        zero["offload_optimizer"] = section
+        zero["offload_optimizer"] = _put(zero.get("offload_optimizer"), "ratio", changes["ratio"])
     for knob, names in ZERO_KEYS.items():
         if knob in changes:
             _set_zero(zero, names, changes[knob])
     if "grad_accum_dtype" in changes:
-        types = dict(doc.get("data_types") or {})
-        if changes["grad_accum_dtype"] is None:
-            types.pop("grad_accum_dtype", None)
-        else:
-            types["grad_accum_dtype"] = changes["grad_accum_dtype"]
-        doc["data_types"] = types
+        doc["data_types"] = _put(doc.get("data_types"), "grad_accum_dtype", changes["grad_accum_dtype"])
     original = imported.doc.get("zero_optimization") or {}
     for section in ("offload_optimizer", "offload_param"):  # drop what we added and emptied again
         if zero.get(section) == {} and section not in original:
