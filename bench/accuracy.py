@@ -47,12 +47,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from memfit.breakdown import Breakdown, PhaseProfile  # noqa: E402
-from memfit.catalog import ModelSpec, find_gpu, find_model  # noqa: E402
+from memfit.facts.catalog import ModelSpec, find_gpu, find_model  # noqa: E402
 from memfit.errors import MemfitError  # noqa: E402
-from memfit.estimate import Estimate, estimate  # noqa: E402
-from memfit.profiles import build_scenario  # noqa: E402
-from memfit.roles import estimate_roles  # noqa: E402
-from memfit.scenario import Hardware, Scenario  # noqa: E402
+from memfit.memory.estimate import Estimate, estimate  # noqa: E402
+from memfit.facts.profiles import build_scenario  # noqa: E402
+from memfit.roles.estimate import estimate_roles  # noqa: E402
+from memfit.facts.scenario import Hardware, Scenario  # noqa: E402
 
 CACHE_PATH = ROOT / "bench" / "trace_cache.json"
 ROWS_PATH = ROOT / "bench" / "accuracy_rows.json"
@@ -303,7 +303,7 @@ ANALYTIC_ONLY_MODEL_FACTS = ("norm_fp32_scale", "attn_softcap", "logit_softcap",
 def fingerprint(scenario: Scenario) -> str:
     doc = {name: _plain(getattr(scenario, name, None)) for name in TRACE_INPUTS}
     if scenario.method not in ("sft", "pt"):  # the DPO trace also reads the method, its framework facts and RL knobs
-        from memfit.role_memory import framework_facts
+        from memfit.roles.memory import framework_facts
 
         fw = framework_facts(scenario.profile)
         doc |= {"method": scenario.method, "rl": _plain(scenario.rl),

@@ -5,10 +5,10 @@
 Small Llama and Qwen2 configs (built here as ModelSpecs, published_params=None) run for real with
 `memfit.measure`: per row the peak per-rank memory that would be on the GPU, by category, and the host
 RAM per node the engine's objects take (offloaded states, pinned buffers, the model while it loads,
-checkpoint loads). When `memfit.estimate` exists, its per-rank allocated profile (minus the CUDA-only
+checkpoint loads). When `memfit.memory.estimate` exists, its per-rank allocated profile (minus the CUDA-only
 runtime overhead, which a CPU run cannot see) and its host profile (minus the per-process baseline) are
 the estimate columns. DPO rows (issue 6) run OpenRLHF's layout: the policy engine and a bf16 reference engine
-(ZeRO-3 sharded under stage 3, a full replica otherwise, LoRA or not), against `memfit.roles.estimate_roles`.
+(ZeRO-3 sharded under stage 3, a full replica otherwise, LoRA or not), against `memfit.roles.estimate.estimate_roles`.
 
 --summary-json prints {"n", "within_5pct_fraction", "max_abs_pct_error", "host_within_15pct_fraction"}.
 """
@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from memfit.catalog import ModelSpec, architectures, find_gpu
+from memfit.facts.catalog import ModelSpec, architectures, find_gpu
 from memfit.errors import MemfitError
-from memfit.scenario import DeepSpeedConfig, FsdpConfig, Hardware, LoraConfig, Scenario
+from memfit.facts.scenario import DeepSpeedConfig, FsdpConfig, Hardware, LoraConfig, Scenario
 
 GIB = 2**30
 MIB = 2**20
@@ -120,9 +120,9 @@ def rows(quick: bool) -> list[Scenario]:
 
 def _estimate(s: Scenario):
     try:
-        from memfit.estimate import estimate
+        from memfit.memory.estimate import estimate
         if s.method != "sft":  # several models per GPU (issue 6)
-            from memfit.roles import estimate_roles as estimate
+            from memfit.roles.estimate import estimate_roles as estimate
     except ImportError:
         return None
     try:

@@ -60,9 +60,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 import accuracy  # noqa: E402
 import published  # noqa: E402
 
-from memfit.catalog import ModelSpec  # noqa: E402
+from memfit.facts.catalog import ModelSpec  # noqa: E402
 from memfit.errors import MemfitError  # noqa: E402
-from memfit.scenario import Scenario  # noqa: E402
+from memfit.facts.scenario import Scenario  # noqa: E402
 
 GIB = 2**30
 PEERS = ("deepspeed", "accelerate", "llm-analysis")
@@ -123,7 +123,7 @@ def model_counts(spec: ModelSpec) -> ModelCounts:
         try:
             config = hf_config(spec, "eager")  # attention does not change the parameters; every family has eager
         except MemfitError as e:
-            from memfit.inventory import count_params
+            from memfit.memory.inventory import count_params
 
             total = count_params(spec)
             return ModelCounts(total, 0, None, f"no transformers config ({e}); params from memfit's inventory")

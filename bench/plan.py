@@ -20,7 +20,7 @@ What the bench assumes (printed with the table):
   and whether another layout (2 nodes of 8) would reproduce the report: the start's OOM and the fix's fit.
 - `memfit fit` runs on an example file of the report's kind (tests/formats/examples, same flags as the
   case) and the framework's own parser reads what it wrote: OpenRLHF's argparse rebuilt from the released
-  wheel, LLaMA-Factory's get_train_args in its venv (memfit/formats/validate.py); a code edit is written
+  wheel, LLaMA-Factory's get_train_args in its venv (memfit/interfaces/formats/validate.py); a code edit is written
   as its own file beside the command.
 """
 from __future__ import annotations
@@ -39,11 +39,11 @@ sys.path.insert(0, str(HERE))
 
 from published import Skip, scenario_for  # noqa: E402
 
-from memfit.catalog import find_gpu, find_model  # noqa: E402
+from memfit.facts.catalog import find_gpu, find_model  # noqa: E402
 from memfit.errors import MemfitError  # noqa: E402
-from memfit.plan import Options, PlanRow, closest_miss, estimate_any, judge, plan, speed_of  # noqa: E402
-from memfit.profiles import build_scenario  # noqa: E402
-from memfit.scenario import Hardware, LoraConfig  # noqa: E402
+from memfit.planner.search import Options, PlanRow, closest_miss, estimate_any, judge, plan, speed_of  # noqa: E402
+from memfit.facts.profiles import build_scenario  # noqa: E402
+from memfit.facts.scenario import Hardware, LoraConfig  # noqa: E402
 
 DEFAULT_CASES = HERE.parent.parent / "shared" / "cases" / "user-reports.jsonl"
 TOP = 3
@@ -247,8 +247,8 @@ def fit_check(case_id: str) -> str:
     import io
     import tempfile
 
-    from memfit.cli import main as memfit_main
-    from memfit.formats import read_config
+    from memfit.interfaces.cli.main import main as memfit_main
+    from memfit.interfaces.formats import read_config
 
     if case_id not in FIT_FILES:
         return "not checked: no example file"
@@ -267,7 +267,7 @@ def fit_check(case_id: str) -> str:
 
 
 def _parsed(imported, written: Path) -> str:
-    from memfit.formats import openrlhf, validate
+    from memfit.interfaces.formats import openrlhf, validate
 
     try:
         if imported.format == "openrlhf":

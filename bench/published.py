@@ -18,12 +18,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from memfit.catalog import custom_gpu, find_gpu, find_model  # noqa: E402
+from memfit.facts.catalog import custom_gpu, find_gpu, find_model  # noqa: E402
 from memfit.errors import MemfitError  # noqa: E402
-from memfit.estimate import estimate  # noqa: E402
-from memfit.profiles import build_scenario  # noqa: E402
-from memfit.roles import estimate_roles  # noqa: E402
-from memfit.scenario import MULTI_MODEL_METHODS, SINGLE_MODEL_METHODS, Hardware  # noqa: E402
+from memfit.memory.estimate import estimate  # noqa: E402
+from memfit.facts.profiles import build_scenario  # noqa: E402
+from memfit.roles.estimate import estimate_roles  # noqa: E402
+from memfit.facts.scenario import MULTI_MODEL_METHODS, SINGLE_MODEL_METHODS, Hardware  # noqa: E402
 
 NUMERIC_BASES = ("allocated", "active", "reserved", "device_total", "unknown")
 # Which estimate profile answers each basis; "active" is torch's peak active bytes, about allocated;
@@ -72,7 +72,7 @@ def _gpu(case: dict):
 
 def _method(text: str) -> tuple[str, str]:
     """A case's method text -> (memfit method, tuning text): 'dpo (full)' -> ('dpo', 'full'), 'lora' -> ('sft', 'lora').
-    Preference / RL methods run several models (memfit/roles.py, issue 6)."""
+    Preference / RL methods run several models (memfit/roles/estimate.py, issue 6)."""
     m = text.lower().strip()
     head = re.match(r"[a-z]+", m)
     if head and head.group(0) in MULTI_MODEL_METHODS:

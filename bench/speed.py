@@ -19,8 +19,8 @@ ARGS = ["Qwen/Qwen2-7B-Instruct", "--gpu", "rtx4090", "--gpus", "4", "--profile"
 
 
 def estimate_ms(repeats: int = 200) -> float:
-    from memfit.cli import build_parser, scenario_from_args
-    from memfit.estimate import estimate
+    from memfit.interfaces.cli.main import build_parser, scenario_from_args
+    from memfit.memory.estimate import estimate
 
     scenario = scenario_from_args(build_parser().parse_args(["estimate", *ARGS]))
     estimate(scenario)  # warm the catalog caches, as a planner loop would be
@@ -36,7 +36,7 @@ def cold_start_s(repeats: int = 5) -> float:
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "memfit.cli", "estimate", *ARGS, "--json"], check=True,
+        subprocess.run([sys.executable, "-m", "memfit.interfaces.cli.main", "estimate", *ARGS, "--json"], check=True,
                        capture_output=True)
         times.append(time.perf_counter() - t)
     return statistics.median(times)

@@ -1,8 +1,8 @@
 import pytest
 
-from memfit.catalog import find_gpu, find_model
-from memfit.profiles import build_scenario
-from memfit.scenario import Hardware
+from memfit.facts.catalog import find_gpu, find_model
+from memfit.facts.profiles import build_scenario
+from memfit.facts.scenario import Hardware
 
 
 @pytest.fixture

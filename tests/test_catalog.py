@@ -1,9 +1,9 @@
 """Catalog facts: every model's derived parameter count matches its published count; names resolve."""
 import pytest
 
-from memfit.catalog import find_gpu, find_model, gpus, models
+from memfit.facts.catalog import find_gpu, find_model, gpus, models
 from memfit.errors import MemfitError
-from memfit.inventory import count_params
+from memfit.memory.inventory import count_params
 
 
 @pytest.mark.parametrize("model", models(), ids=lambda m: m.id)

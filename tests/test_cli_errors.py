@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from memfit.cli import main
+from memfit.interfaces.cli.main import main
 
 BASE = ["estimate", "qwen2-7b", "--gpu", "rtx4090"]
 
@@ -81,7 +81,7 @@ def test_bad_knobs(argv, needle, capsys):
 
 
 def test_console_script_prints_no_traceback():
-    out = subprocess.run([sys.executable, "-m", "memfit.cli", "estimate", "no-such-model", "--gpu", "a100"],
+    out = subprocess.run([sys.executable, "-m", "memfit.interfaces.cli.main", "estimate", "no-such-model", "--gpu", "a100"],
                          capture_output=True, text=True)
     assert out.returncode == 2
     assert "Traceback" not in out.stderr and out.stderr.startswith("memfit: error: unknown model")

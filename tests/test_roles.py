@@ -1,11 +1,11 @@
-"""Runs with several models (memfit/roles.py, issue 6): right label, right reason, right placement."""
+"""Runs with several models (memfit/roles/estimate.py, issue 6): right label, right reason, right placement."""
 import json
 
 import pytest
 
-from memfit.cli import main
+from memfit.interfaces.cli.main import main
 from memfit.errors import MemfitError
-from memfit.roles import estimate_roles
+from memfit.roles.estimate import estimate_roles
 
 GLM_DPO = dict(model="THUDM/glm-4-9b-chat", gpu="a100-80gb", gpus=8, profile="openrlhf", method="dpo",
                tuning="full", zero_stage=3, micro_batch=1, seq_len=8192, checkpointing="full")

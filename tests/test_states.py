@@ -1,9 +1,9 @@
 """Model-state bytes against hand derivations from ../shared/reference/knobs.md (A.2, A.6, D, F.4)."""
 import pytest
 
-from memfit.estimate import estimate
-from memfit.inventory import count_params, tuned_tensors
-from memfit.states import model_states
+from memfit.memory.estimate import estimate
+from memfit.memory.inventory import count_params, tuned_tensors
+from memfit.memory.states import model_states
 
 
 def _states(s):
@@ -133,7 +133,7 @@ def test_fsdp_gathers_4bit_linears_packed_not_in_the_compute_dtype(scenario):
 def test_old_bitsandbytes_keeps_every_4bit_linear_input(scenario):
     # bitsandbytes < 0.43.2 MatMul4Bit stored its input A on ctx (fixed by PR #1270): with LoRA on q,k,v,o
     # only, the MLP's 4-bit Linears now keep their inputs too: the normed input (2h) and the product (2I)
-    from memfit.activations import activations
+    from memfit.memory.activations import activations
 
     common = dict(model="mistral-7b", gpu="a100-80gb", tuning="qlora", lora_rank=16, kbit_upcast=False,
                   lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"), micro_batch=2, seq_len=1024,
@@ -179,7 +179,7 @@ def test_zero1_offload_reduces_after_backward_with_every_full_grad_alive(scenari
 def test_zero3_keeps_a_tied_head_gathered_into_backward_even_when_frozen(scenario):
     # the tied head's weight is the embedding: fetched by the head and kept for its backward (measured
     # qwen2-25m LoRA ZeRO-3: + 2 B x vocab x hidden of gathered weights); the head is the first thing kept
-    from memfit.states import _zero3_retained
+    from memfit.memory.states import _zero3_retained
 
     s = scenario("qwen2-1.5b-instruct", gpus=2, zero_stage=3, tuning="lora", lora_rank=16)
     tensors, _ = _states(s)

@@ -16,7 +16,7 @@ import torch
 from memfit.errors import MemfitError
 from memfit.measure.engines import DeepSpeedRunner, _clear_zero3_release_cache
 from memfit.measure.model import build_model
-from memfit.scenario import Scenario
+from memfit.facts.scenario import Scenario
 from memfit.trace.dpo import PreferenceBatch, concatenated_forward, dpo_loss, reference_kind, reference_scenario
 
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from memfit.errors import MemfitError
 from memfit.measure.model import build_model, lm_head_of, upcast_trainable
 from memfit.measure.tracker import MemoryTracker
-from memfit.scenario import Scenario
+from memfit.facts.scenario import Scenario
 
 LR = 1e-5
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from memfit.errors import MemfitError
 from memfit.measure.result import MeasureResult, RankMeasurement
-from memfit.scenario import Scenario
+from memfit.facts.scenario import Scenario
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MAX_CPU_RANKS = 8

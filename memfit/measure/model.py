@@ -12,7 +12,7 @@ import contextlib
 import torch
 
 from memfit.errors import MemfitError
-from memfit.scenario import Scenario
+from memfit.facts.scenario import Scenario
 
 
 def build_model(scenario: Scenario, device: str = "cpu", init_context=None, model_dir: str | None = None):

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from memfit.catalog import ModelSpec, architectures
+from memfit.facts.catalog import ModelSpec, architectures
 from memfit.errors import MemfitError
-from memfit.scenario import Scenario
+from memfit.facts.scenario import Scenario
 
 # Hub remote-code families -> the transformers-native family with the same parameter shapes.
 SUBSTITUTES = {

@@ -10,7 +10,7 @@ What one step does (openrlhf/trainer/dpo_trainer.py `fit`, models/actor.py `forw
    the fp32 logits for backward. `_get_batch_logps` masks the prompts and sums per row.
 3. The reference's forward on the same rows under `torch.no_grad()`, after the policy's, while the policy's
    saved activations and fp32 logits wait for backward: a separate frozen 16-bit model, which OpenRLHF loads
-   with LoRA too (catalog/methods.toml lora_ref = "separate"; memfit.roles.reference_kind decides it for
+   with LoRA too (catalog/methods.toml lora_ref = "separate"; memfit.roles.estimate.reference_kind decides it for
    both the estimate and this trace).
 4. `DPOLoss` (sigmoid, or IPO's square), backward, clip, optimizer step: the rest of `run._train_step`.
 
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from memfit.errors import MemfitError
-from memfit.scenario import Scenario
+from memfit.facts.scenario import Scenario
 from memfit.trace.accountant import Accountant
 from memfit.trace.build import BuiltModel, build_model
 from memfit.trace.cuda import _is_fake
@@ -38,13 +38,13 @@ LOGITS_KINDS = ("fp32_cast",)  # the frameworks' log-prob handling this module r
 
 def reference_kind(scenario: Scenario) -> str:
     """'none', 'shared' (the policy with adapters disabled) or 'separate', as memfit's estimate decides."""
-    from memfit.roles import reference_kind as kind
+    from memfit.roles.estimate import reference_kind as kind
 
     return kind(scenario)
 
 
 def check_supported(scenario: Scenario) -> None:
-    from memfit.role_memory import framework_facts
+    from memfit.roles.memory import framework_facts
 
     fw = framework_facts(scenario.profile)
     if scenario.method not in ("dpo", "ipo"):
@@ -62,7 +62,7 @@ def check_supported(scenario: Scenario) -> None:
 def reference_scenario(scenario: Scenario) -> Scenario:
     """The reference as OpenRLHF's Actor(ref_pretrain, param_dtype=bf16) builds it: the same (or --ref-model)
     architecture, whole, in the 16-bit compute dtype, no adapters, no checkpointing."""
-    from memfit.catalog import find_model
+    from memfit.facts.catalog import find_model
 
     rl = scenario.rl
     model = find_model(rl.ref_model) if rl is not None and rl.ref_model else scenario.model

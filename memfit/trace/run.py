@@ -23,7 +23,7 @@ import torch
 
 from memfit.breakdown import CATEGORIES, Breakdown, PhaseProfile
 from memfit.errors import MemfitError
-from memfit.scenario import Scenario
+from memfit.facts.scenario import Scenario
 from memfit.trace.accountant import TRAINING_PHASES, Accountant, TimelinePoint
 from memfit.trace.build import BuiltModel, build_model
 from memfit.trace.cuda import CudaTarget, emulate_cuda

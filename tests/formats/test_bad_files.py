@@ -4,7 +4,7 @@ import json
 import pytest
 
 from memfit.errors import MemfitError
-from memfit.formats import read_config, write_config_files
+from memfit.interfaces.formats import read_config, write_config_files
 
 LF_YAML = """\
 ### model

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from memfit.formats import diff, read_config, write_config_files
-from memfit.formats.base import WrittenFile
+from memfit.interfaces.formats import diff, read_config, write_config_files
+from memfit.interfaces.formats.base import WrittenFile
 
 from format_cases import CASES, EXAMPLES
 
@@ -114,7 +114,7 @@ def test_openrlhf_writes_in_the_files_flag_style(examples):
 
 
 def test_openrlhf_detects_each_flag_style():
-    from memfit.formats import openrlhf
+    from memfit.interfaces.formats import openrlhf
 
     assert openrlhf.detect_version("train_sft", ["--flash_attn", "--bf16"])[0] == "0.8.9"
     assert openrlhf.detect_version("train_sft", ["--bf16", "--attn_implementation"])[0] == "0.9.1"
@@ -149,7 +149,7 @@ FORMATS_FOR = {"llamafactory": ["llamafactory", "deepspeed", "accelerate"], "ope
 
 @pytest.mark.parametrize("index", range(len(SCENARIOS)))
 def test_export_from_scenario_reads_back(scenario, tmp_path, index):
-    from memfit.formats import export_scenario, knobs_from_scenario
+    from memfit.interfaces.formats import export_scenario, knobs_from_scenario
 
     spec = dict(SCENARIOS[index])
     s = scenario(**spec)
@@ -170,10 +170,10 @@ def test_export_from_scenario_reads_back(scenario, tmp_path, index):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_every_example_builds_a_scenario(name):
     """The knobs an importer produces are ones profiles.build_scenario accepts, with the file's profile."""
-    from memfit.catalog import find_gpu, find_model
+    from memfit.facts.catalog import find_gpu, find_model
     from memfit.errors import MemfitError
-    from memfit.profiles import build_scenario
-    from memfit.scenario import Hardware
+    from memfit.facts.profiles import build_scenario
+    from memfit.facts.scenario import Hardware
     options, _ = CASES[name]
     imported = read_config(EXAMPLES / name, **options)
     try:

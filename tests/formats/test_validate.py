@@ -1,4 +1,4 @@
-"""What memfit writes, checked by the frameworks' own code (memfit/formats/validate.py).
+"""What memfit writes, checked by the frameworks' own code (memfit/interfaces/formats/validate.py).
 
 Needs, per test (each skips when its framework is missing):
 - deepspeed, transformers + trl, accelerate: `pip install -e ".[validate]"` (see pyproject.toml);
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from memfit.formats import read_config, write_config_files
-from memfit.formats import openrlhf as orl
-from memfit.formats import validate
-from memfit.formats.tables import table
+from memfit.interfaces.formats import read_config, write_config_files
+from memfit.interfaces.formats import openrlhf as orl
+from memfit.interfaces.formats import validate
+from memfit.interfaces.formats.tables import table
 
 from format_cases import CASES, EXAMPLES
 
@@ -181,7 +181,7 @@ LLAMAFACTORY_CASES = ["llamafactory/examples/train_lora/llama31_8b_lora_7x4090.y
 def test_llamafactory_accepts_what_we_write(examples, name, llamafactory_venv):
     """LLaMA-Factory's get_train_args under torchrun, run from the folder the `deepspeed:` path is
     relative to (about 15 s a call: it imports transformers, peft and trl)."""
-    from memfit.formats.llamafactory import resolve_deepspeed
+    from memfit.interfaces.formats.llamafactory import resolve_deepspeed
 
     for imported in _written(examples, name)[1:]:  # the rewritten file (the original is the same shape)
         base = imported.path.parent
@@ -209,10 +209,10 @@ DS_UTILS = "openrlhf/utils/deepspeed/deepspeed_utils.py"
 
 def _planned_code_edits():
     """The code edits memfit plans for the 72B host OOM (report-qwen25-72b-offload-pinned): a fresh start."""
-    from memfit.catalog import find_gpu, find_model
-    from memfit.plan import Options, plan
-    from memfit.profiles import build_scenario
-    from memfit.scenario import Hardware
+    from memfit.facts.catalog import find_gpu, find_model
+    from memfit.planner.search import Options, plan
+    from memfit.facts.profiles import build_scenario
+    from memfit.facts.scenario import Hardware
 
     hw = Hardware(gpu=find_gpu("a100-80gb"), gpus_per_node=8, host_ram_bytes=1_400_000_000_000)
     base = build_scenario(find_model("Qwen/Qwen2.5-72B-Instruct"), hw,
@@ -224,7 +224,7 @@ def _planned_code_edits():
 
 def _catalog_code_edits():
     """Every assignment catalog/plan.toml knows for OpenRLHF, with the values of the reported fixes."""
-    from memfit.plan import CodeEdit, framework_options
+    from memfit.planner.search import CodeEdit, framework_options
 
     where = framework_options()["openrlhf"]["code_edits"]
     values = {"pin_memory": False, "ratio": 0.9, "sub_group_size": 100_000_000}

@@ -22,7 +22,7 @@ GOLDEN = HERE / "golden.json.gz"
 
 
 def run(args: list[str]) -> tuple[int, dict | None]:
-    from memfit.cli import main
+    from memfit.interfaces.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

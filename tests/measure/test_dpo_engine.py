@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from memfit.catalog import ModelSpec, architectures, find_gpu
-from memfit.roles import estimate_roles
-from memfit.scenario import DeepSpeedConfig, Hardware, Scenario
+from memfit.facts.catalog import ModelSpec, architectures, find_gpu
+from memfit.roles.estimate import estimate_roles
+from memfit.facts.scenario import DeepSpeedConfig, Hardware, Scenario
 
 N = 2
 H, VOCAB = 128, 4096

@@ -6,11 +6,11 @@ import gc
 import pytest
 import torch
 
-from memfit.catalog import find_gpu, find_model
+from memfit.facts.catalog import find_gpu, find_model
 from memfit.errors import MemfitError
 from memfit.measure.launch import plan
 from memfit.measure.tracker import MemoryTracker
-from memfit.scenario import DeepSpeedConfig, Hardware, LoraConfig, Scenario
+from memfit.facts.scenario import DeepSpeedConfig, Hardware, LoraConfig, Scenario
 
 MB = 2**20
 

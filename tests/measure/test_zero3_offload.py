@@ -10,8 +10,8 @@ import math
 
 import pytest
 
-from memfit.catalog import ModelSpec, architectures, find_gpu
-from memfit.scenario import DeepSpeedConfig, Hardware, Scenario
+from memfit.facts.catalog import ModelSpec, architectures, find_gpu
+from memfit.facts.scenario import DeepSpeedConfig, Hardware, Scenario
 
 N = 2
 BUCKET = 50_000  # elements

@@ -1,8 +1,8 @@
 """`memfit fit` and `memfit estimate --from`: the user's own file in, the same format out, and it fits."""
 from pathlib import Path
 
-from memfit.cli import main
-from memfit.formats import read_config
+from memfit.interfaces.cli.main import main
+from memfit.interfaces.formats import read_config
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "formats" / "examples"
 QWEN_Z3 = EXAMPLES / "openrlhf" / "qwen2_7b_4x4090_z3.sh"
@@ -33,7 +33,7 @@ def test_fit_rewrites_the_llamafactory_yaml_so_it_fits(tmp_path, capsys):
     assert first.split("->")[0].split(": ")[1].startswith("oom")
     assert "-> fits" in first or "-> tight" in first
     assert list(tmp_path.iterdir())
-    from memfit.formats import validate
+    from memfit.interfaces.formats import validate
 
     if (validate.LLAMAFACTORY_VENV / "bin" / "python").exists():  # LLaMA-Factory's own parser on the result
         written = tmp_path / LLAMA_7X4090.name
@@ -48,8 +48,8 @@ A100_NODE = ["--gpu", "a100-80gb", "--gpus", "8"]
 
 def _openrlhf_parses(path, gpus=8):
     """OpenRLHF's own argparse (rebuilt from the released wheel) on what memfit wrote; None if no wheels."""
-    from memfit.formats import openrlhf as orl
-    from memfit.formats import validate
+    from memfit.interfaces.formats import openrlhf as orl
+    from memfit.interfaces.formats import validate
 
     imported = read_config(path, gpus=gpus)
     try:

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from memfit.cli import _Parser
+from memfit.interfaces.cli.main import _Parser
 from memfit.errors import MemfitError
-from memfit.plan_cli import add_plan_command
+from memfit.interfaces.cli.plan import add_plan_command
 
 QWEN = ["plan", "Qwen/Qwen2-7B-Instruct", "--gpu", "rtx4090", "--gpus", "4", "--profile", "openrlhf", "--tuning",
         "full", "--zero", "3", "--micro-batch", "4", "--seq", "128", "--ckpt", "--attn", "flash"]
@@ -13,7 +13,7 @@ QWEN = ["plan", "Qwen/Qwen2-7B-Instruct", "--gpu", "rtx4090", "--gpus", "4", "--
 
 def _parser():
     """memfit's parser once cli.build_parser registers `plan`; until then one with `plan` alone."""
-    from memfit.cli import build_parser
+    from memfit.interfaces.cli.main import build_parser
 
     try:
         build_parser().parse_args(["plan", "qwen2-7b", "--gpu", "rtx4090"])
@@ -32,7 +32,7 @@ def run(argv) -> int:
 def test_plan_json_has_the_start_and_fitting_rows(capsys):
     assert run(QWEN + ["--allow", "lora", "--top", "3", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["schema"] == "memfit.plan/1"
+    assert doc["schema"] == "memfit.planner.search/1"
     assert doc["start"]["verdict"] == "oom"
     assert 1 <= len(doc["rows"]) <= 3
     for row in doc["rows"]:

@@ -1,12 +1,12 @@
-"""memfit plan for runs with several models (memfit/roles.py): every row judged by estimate_roles, the knobs
+"""memfit plan for runs with several models (memfit/roles/estimate.py): every row judged by estimate_roles, the knobs
 that matter searched (attention, ZeRO stage, offload, reference / reward offload, vLLM memory and sleep,
 DeepSpeed sleep, micro-batch, checkpointing), and each usual fix shown with what it saves."""
 import time
 from dataclasses import replace
 
-from memfit.plan import _Search, baseline, plan
-from memfit.roles import estimate_roles
-from memfit.speed_roles import roles_step_time
+from memfit.planner.search import _Search, baseline, plan
+from memfit.roles.estimate import estimate_roles
+from memfit.planner.speed_roles import roles_step_time
 
 GiB = 2**30
 GLM_DPO = dict(model="THUDM/glm-4-9b-chat", gpu="a100-80gb", gpus=8, profile="openrlhf", method="dpo",

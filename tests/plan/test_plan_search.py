@@ -1,13 +1,13 @@
-"""memfit/plan.py: only fitting configurations, the global batch kept, `allow` and the frameworks'
+"""memfit/planner/search.py: only fitting configurations, the global batch kept, `allow` and the frameworks'
 constraints respected, the user reports' fixes found, each change measured."""
 from dataclasses import replace
 
 import pytest
 
 from memfit.errors import MemfitError
-from memfit.estimate import estimate
-from memfit.plan import Options, baseline, choose_for_fit, closest_miss, plan
-from memfit.speed import step_time
+from memfit.memory.estimate import estimate
+from memfit.planner.search import Options, baseline, choose_for_fit, closest_miss, plan
+from memfit.planner.speed import step_time
 
 QWEN = dict(model="Qwen/Qwen2-7B-Instruct", gpu="rtx4090", gpus=4, profile="openrlhf", tuning="full", zero_stage=3,
             micro_batch=4, seq_len=128, checkpointing="full", attention="flash")

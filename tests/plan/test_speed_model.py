@@ -1,9 +1,9 @@
-"""memfit/speed.py ranks configurations the way the frameworks' costs order them."""
+"""memfit/planner/speed.py ranks configurations the way the frameworks' costs order them."""
 import pytest
 
-from memfit.estimate import estimate
-from memfit.scenario import LoraConfig
-from memfit.speed import assumptions, step_time
+from memfit.memory.estimate import estimate
+from memfit.facts.scenario import LoraConfig
+from memfit.planner.speed import assumptions, step_time
 
 LLAMA_A100 = dict(model="meta-llama/Llama-3.1-8B-Instruct", gpu="a100-80gb", gpus=8, profile="hf-trainer",
                   tuning="lora", micro_batch=2, seq_len=4096, checkpointing="full")
@@ -93,7 +93,7 @@ def test_breakdown_sums_to_the_step(scenario):
 
 
 def test_every_catalog_gpu_has_a_rate(scenario):
-    from memfit.catalog import gpus
+    from memfit.facts.catalog import gpus
 
     for g in gpus():
         s = scenario(model="Qwen/Qwen2-0.5B-Instruct", gpu=g.id, gpus=1, profile="hf-trainer", tuning="full",

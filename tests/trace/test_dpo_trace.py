@@ -5,11 +5,11 @@ tiny and multiples of 512 bytes, so the numbers are exact where the formulas are
 """
 import pytest
 
-from memfit.catalog import GpuSpec, ModelSpec
+from memfit.facts.catalog import GpuSpec, ModelSpec
 from memfit.errors import MemfitError
-from memfit.profiles import build_scenario
-from memfit.roles import estimate_roles
-from memfit.scenario import Hardware
+from memfit.facts.profiles import build_scenario
+from memfit.roles.estimate import estimate_roles
+from memfit.facts.scenario import Hardware
 from memfit.trace.run import run_trace
 
 GPU = GpuSpec(id="a100", name="A100", memory_bytes=80 * 2**30, compute_capability=8.0)

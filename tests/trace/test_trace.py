@@ -11,9 +11,9 @@ from functools import cache
 import pytest
 import torch
 
-from memfit.catalog import GpuSpec, ModelSpec, find_model
+from memfit.facts.catalog import GpuSpec, ModelSpec, find_model
 from memfit.errors import MemfitError
-from memfit.scenario import Hardware, LoraConfig, Scenario
+from memfit.facts.scenario import Hardware, LoraConfig, Scenario
 from memfit.trace.accountant import Accountant, block_bytes
 from memfit.trace.build import build_model, hf_config
 from memfit.trace.run import layer_profile, render, run_trace, write_timeline

@@ -1,0 +1,264 @@
+"""Load the model and GPU catalogs (TOML data files beside this module) and resolve names.
+
+A model name resolves by hub id or alias, case-insensitively, with or without the org; a path to a
+local `config.json` (or a folder holding one) of a supported architecture works too.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import tomllib
+from dataclasses import dataclass, field, fields
+from functools import cache
+from pathlib import Path
+
+from memfit.errors import MemfitError
+
+HERE = Path(__file__).parent / "data"
+
+# Architecture keys and their defaults (README.md in this folder explains each).
+ARCH_DEFAULTS: dict = {
+    "norm": "rms",
+    "norms_per_layer": 2,
+    "qk_norm": "none",
+    "qkv_bias": False,
+    "o_bias": False,
+    "mlp_bias": False,
+    "lm_head_bias": False,
+    "mlp": "gated",
+    "position": "rope",
+    "embedding_norm": False,
+    "attention": "mha",
+    "encoder_decoder": False,
+    "final_norm": True,
+    "norm_fp32_scale": False,
+    "attn_softcap": False,
+    "logit_softcap": False,
+    "dropout": 0.0,
+    "eager_repeats_kv": True,
+    "eager_score_bytes": 0,
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    id: str
+    arch: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_embeddings: bool = False
+    max_position_embeddings: int = 0
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    published_params: int | None = None
+    quantization: str | None = None
+    gptq_group_size: int = 128
+    aliases: tuple[str, ...] = ()
+    params_source: str = ""
+    config_source: str = ""
+    # structural facts (from architectures.toml, overridable per model)
+    norm: str = "rms"
+    norms_per_layer: int = 2
+    qk_norm: str = "none"
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    lm_head_bias: bool = False
+    mlp: str = "gated"
+    position: str = "rope"
+    embedding_norm: bool = False
+    attention: str = "mha"
+    encoder_decoder: bool = False
+    final_norm: bool = True
+    norm_fp32_scale: bool = False
+    attn_softcap: bool = False
+    logit_softcap: bool = False
+    dropout: float = 0.0
+    eager_repeats_kv: bool = True
+    eager_score_bytes: int = 0
+    linear_names: dict = field(default_factory=dict, compare=False, hash=False)
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    id: str
+    name: str
+    memory_bytes: int
+    bf16_tflops: float = 0.0
+    memory_bandwidth_gbps: float = 0.0
+    interconnect: str = "pcie"
+    interconnect_gbps: float = 32.0
+    compute_capability: float = 8.0
+    aliases: tuple[str, ...] = ()
+    source: str = ""
+
+
+_MODEL_FIELDS = {f.name for f in fields(ModelSpec)}
+_GPU_FIELDS = {f.name for f in fields(GpuSpec)}
+
+
+@cache
+def architectures() -> dict[str, dict]:
+    with open(HERE / "architectures.toml", "rb") as f:
+        return tomllib.load(f)
+
+
+def _build_model(entry: dict, source: str) -> ModelSpec:
+    archs = architectures()
+    arch = entry.get("arch")
+    if arch not in archs:
+        raise MemfitError(f"{source}: unknown architecture family {arch!r}; known: {', '.join(sorted(archs))}")
+    family = archs[arch]
+    merged = dict(ARCH_DEFAULTS)
+    merged.update({k: v for k, v in family.items() if k in _MODEL_FIELDS})
+    merged.update(entry)
+    merged.setdefault("linear_names", family.get("linear_names", {}))
+    if "head_dim" not in merged and "hidden_size" in merged and "num_heads" in merged:
+        merged["head_dim"] = merged["hidden_size"] // merged["num_heads"]
+    merged.setdefault("num_kv_heads", merged.get("num_heads"))
+    known = {k: v for k, v in merged.items() if k in _MODEL_FIELDS}
+    known["extra"] = {k: v for k, v in merged.items() if k not in _MODEL_FIELDS and k not in family}
+    known["aliases"] = tuple(merged.get("aliases", ()))
+    try:
+        return ModelSpec(**known)
+    except TypeError as e:
+        raise MemfitError(f"{source}: incomplete model facts ({e})") from None
+
+
+@cache
+def models() -> tuple[ModelSpec, ...]:
+    out = []
+    for path in sorted((HERE / "models").glob("*.toml")):
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+        out.extend(_build_model(entry, f"{path.name}:{entry.get('id')}") for entry in data.get("model", []))
+    return tuple(out)
+
+
+@cache
+def gpus() -> tuple[GpuSpec, ...]:
+    with open(HERE / "gpus.toml", "rb") as f:
+        data = tomllib.load(f)
+    casts = {"aliases": tuple, "compute_capability": float, "memory_bytes": int}
+    return tuple(
+        GpuSpec(**{k: casts.get(k, lambda x: x)(v) for k, v in g.items() if k in _GPU_FIELDS})
+        for g in data.get("gpu", [])
+    )
+
+
+def _norm(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(" ", "-")
+
+
+@cache
+def _model_index() -> dict[str, ModelSpec]:
+    index: dict[str, ModelSpec] = {}
+    for m in models():
+        for key in (m.id, m.id.split("/")[-1], *m.aliases):
+            index.setdefault(_norm(key), m)
+    return index
+
+
+@cache
+def _gpu_index() -> dict[str, GpuSpec]:
+    index: dict[str, GpuSpec] = {}
+    for g in gpus():
+        for key in (g.id, g.name, *g.aliases):
+            index.setdefault(_norm(key), g)
+    return index
+
+
+def _suggest(name: str, candidates) -> str:
+    close = difflib.get_close_matches(_norm(name), list(candidates), n=3, cutoff=0.5)
+    return f"; did you mean: {', '.join(close)}?" if close else ""
+
+
+def find_model(name: str) -> ModelSpec:
+    """A catalog model by id/alias, or a local config.json / folder holding one."""
+    path = Path(name).expanduser()
+    if path.is_dir() or path.suffix == ".json" or name.startswith((".", "/", "~")):
+        return model_from_config_file(path)
+    index = _model_index()
+    key = _norm(name)
+    if key in index:
+        return index[key]
+    tail = _norm(name.split("/")[-1])
+    if tail in index:
+        return index[tail]
+    raise MemfitError(f"unknown model {name!r}{_suggest(name, index)} (see `memfit models`, or pass a config.json)")
+
+
+def find_gpu(name: str) -> GpuSpec:
+    index = _gpu_index()
+    key = _norm(name)
+    for candidate in (key, key.removeprefix("nvidia-"), key.removeprefix("geforce-")):
+        if candidate in index:
+            return index[candidate]
+    raise MemfitError(f"unknown GPU {name!r}{_suggest(name, index)} (see `memfit gpus`, or give --gpu-mem 24GiB)")
+
+
+def custom_gpu(memory_bytes: int, like: GpuSpec | None = None) -> GpuSpec:
+    """A GPU known only by its memory; speed facts borrowed from `like` (or an A100-class default)."""
+    if memory_bytes <= 0:
+        raise MemfitError(f"--gpu-mem must be positive, got {memory_bytes} bytes")
+    base = like or GpuSpec(id="custom", name="custom", memory_bytes=memory_bytes, bf16_tflops=312.0,
+                           memory_bandwidth_gbps=2000.0, compute_capability=8.0)
+    return GpuSpec(**{**base.__dict__, "id": f"custom-{memory_bytes}", "name": f"{base.name} ({memory_bytes / 2**30:.1f} GiB)",
+                      "memory_bytes": memory_bytes})
+
+
+def _read_config(path: Path) -> dict:
+    file = path / "config.json" if path.is_dir() else path
+    if not file.is_file():
+        raise MemfitError(f"cannot read model config {str(file)!r}: no such file (give a config.json or a folder holding one)")
+    try:
+        data = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise MemfitError(f"malformed config.json {str(file)!r}: {e}") from None
+    if not isinstance(data, dict):
+        raise MemfitError(f"malformed config.json {str(file)!r}: expected a JSON object")
+    if isinstance(data.get("text_config"), dict):  # multimodal wrappers (Gemma 3): the language model
+        data = {**data["text_config"], "model_type": data["text_config"].get("model_type", data.get("model_type"))}
+    return data
+
+
+def _dotted(data: dict, key: str):
+    for part in key.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def model_from_config_file(path: Path) -> ModelSpec:
+    data = _read_config(path)
+    model_type = data.get("model_type")
+    family = next((name for name, a in architectures().items() if model_type in a.get("hf_model_types", [])), None)
+    if family is None:
+        known = sorted({t for a in architectures().values() for t in a.get("hf_model_types", [])})
+        raise MemfitError(f"unsupported architecture model_type={model_type!r} in {path}; supported: {', '.join(known)}")
+    entry: dict = {"id": str(path), "arch": family, "config_source": f"local {path}"}
+    for ours, keys in architectures()[family].get("config_keys", {}).items():
+        value = next((v for v in (_dotted(data, k) for k in keys) if v is not None), None)
+        if value is not None:
+            entry[ours] = value
+    divisor = architectures()[family].get("config_intermediate_divisor")
+    if divisor and isinstance(entry.get("intermediate_size"), int):
+        entry["intermediate_size"] //= divisor
+    missing = [k for k in ("hidden_size", "num_layers", "num_heads", "vocab_size") if k not in entry]
+    if missing:
+        raise MemfitError(f"config {path} lacks {', '.join(missing)} for a {family} model")
+    for key in ("hidden_size", "num_layers", "num_heads", "vocab_size", "intermediate_size"):
+        if key in entry and (not isinstance(entry[key], int) or entry[key] <= 0):
+            raise MemfitError(f"config {path}: {key} must be a positive integer, got {entry[key]!r}")
+    return _build_model(entry, str(path))

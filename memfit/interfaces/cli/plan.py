@@ -1,0 +1,211 @@
+"""`memfit plan`: the fastest configurations that fit, and what each change saves and costs.
+
+Presentation only: the search is memfit/planner/search.py. Registered by memfit/interfaces/cli/main.py::build_parser through
+`add_plan_command(sub)`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+GiB = 2**30
+VERDICT_STYLE = {"fits": "bold green", "tight": "bold yellow", "oom": "bold red", "host_oom": "bold red"}
+
+
+def _positive_int(text: str) -> int:
+    from memfit.interfaces.cli.main import _int
+
+    value = _int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def add_plan_command(subparsers) -> None:
+    from memfit.interfaces.cli.main import add_scenario_arguments
+
+    p = subparsers.add_parser("plan", help="the fastest configurations that fit, with each change's saving and cost")
+    add_scenario_arguments(p)  # includes --method (default sft); several-model methods go through memfit.roles.estimate
+    p.add_argument("--global-batch", type=_positive_int,
+                   help="micro-batch x grad accumulation x GPUs to keep (default: the starting configuration's)")
+    p.add_argument("--allow", default="", help="changes to the training method you accept: lora, qlora, 8bit "
+                                               "(comma-separated; default none)")
+    p.add_argument("--top", type=_positive_int, default=5, help="rows to show (default 5)")
+    p.add_argument("--no-code-edits", action="store_true",
+                   help="leave out knobs the framework has no flag for (OpenRLHF pin_memory, ratio: an edit of "
+                        "get_train_ds_config)")
+    p.add_argument("--no-resume", action="store_true",
+                   help="the run never resumes from a checkpoint: judge host RAM without the resume phase")
+    p.add_argument("--json", action="store_true", help="print a JSON document instead of tables")
+    p.set_defaults(run=run_plan)
+
+
+def run_plan(a: argparse.Namespace) -> int:
+    from memfit.interfaces.cli.main import scenario_from_args
+    from memfit.planner.search import Options, baseline, closest_miss, plan
+
+    base = scenario_from_args(a)
+    allow = {x.strip() for x in a.allow.split(",") if x.strip()}
+    options = Options(code_edits=not a.no_code_edits, resume=not a.no_resume)
+    rows = plan(base, allow, a.global_batch, top_k=a.top, options=options)
+    start = baseline(base, a.global_batch, options)
+    miss = None if rows else closest_miss(base, allow, a.global_batch, options)
+    if a.json:
+        print(json.dumps(plan_json(start, rows, miss, options), indent=2))
+    else:
+        print_plan(start, rows, miss, allow, options)
+    return 0
+
+
+def plan_json(start, rows, miss, options=None) -> dict:
+    s = start.scenario
+    return {
+        "schema": "memfit.planner.search/1",
+        "model": s.model.id, "method": s.method, "gpu": s.hardware.gpu.name,
+        "gpu_memory_bytes": s.hardware.gpu.memory_bytes,
+        "gpus_per_node": s.hardware.gpus_per_node, "nodes": s.hardware.nodes,
+        "host_ram_bytes": s.hardware.host_ram_bytes, "profile": s.profile,
+        "code_edits_searched": options.code_edits if options else True,
+        "resume_judged": options.resume if options else True,
+        "start": start.to_json(),
+        "rows": [r.to_json() for r in rows],
+        "closest_miss": miss.to_json() if miss else None,
+        "note": "tokens/s come from memfit's step-time model (catalog/speed.toml); they rank, they do not promise",
+    }
+
+
+# ---------------------------------------------------------------- words for knob values
+
+
+def _sharding(v: str) -> str:
+    if v.startswith("zero"):
+        return f"ZeRO-{v[-1]}"
+    if v.startswith("fsdp:"):
+        return f"FSDP {v.removeprefix('fsdp:')}"
+    return {"ddp": "DDP", "single": "one GPU"}.get(v, v)
+
+
+def describe(change, row) -> str:
+    """One change in words, with the values the planned scenario carries (grad accum, sub-groups)."""
+    s = row.scenario
+    name, before, after = change.knob, change.before, change.after
+    if name == "sharding":
+        return f"{_sharding(before)} -> {_sharding(after)}"
+    if name == "tuning" and s.lora:
+        return f"tuning {before} -> {after} (rank {s.lora.rank}, {','.join(s.lora.targets)})"
+    if name == "offload":
+        what = "FSDP CPU offload" if s.engine == "fsdp" else "optimizer offload"
+        return f"{what} {before} -> {after}"
+    if name == "ratio" and s.deepspeed:
+        return f"offload ratio {before:g} -> {after:g} (sub_group_size {s.deepspeed.sub_group_size:,})"
+    if name == "pin_memory":
+        return f"pin_memory {str(before).lower()} -> {str(after).lower()}"
+    if name == "offload_param":
+        return f"parameter offload {before} -> {after}"
+    if name == "micro_batch":
+        return f"micro-batch {before} -> {after} (grad accum {s.grad_accum})"
+    if name == "checkpointing" and after == "every_n":
+        return f"checkpointing {before} -> every {s.checkpoint_every_n} layers"
+    if name in ROLE_WORDS:
+        return f"{ROLE_WORDS[name]} {_onoff(before)} -> {_onoff(after)}"
+    return f"{name.replace('_', ' ')} {before} -> {after}"
+
+
+# several-model knobs in the words (and OpenRLHF flags) users know them by
+ROLE_WORDS = {"ref_offload": "reference offload (--ref_offload / --ref.offload)",
+              "reward_offload": "reward model offload (--reward.offload)",
+              "vllm_gpu_memory_utilization": "vLLM gpu_memory_utilization",
+              "vllm_sleep": "vLLM sleep (--vllm_enable_sleep)",
+              "deepspeed_sleep": "DeepSpeed sleep (--deepspeed_enable_sleep)"}
+
+
+def _onoff(v) -> str:
+    return ("on" if v else "off") if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:,.1f}"
+
+
+def _saving(change, host_known: bool) -> str:
+    parts = [f"{_gib(change.device_saving_bytes)} GiB/GPU"]
+    if abs(change.in_plan_device_saving_bytes - change.device_saving_bytes) >= GiB and change.measured == "alone":
+        parts[0] += f" alone ({_gib(change.in_plan_device_saving_bytes)} in this plan)"
+    if change.host_saving_bytes and (host_known or change.host_saving_bytes < 0):
+        parts.append(f"{_gib(change.host_saving_bytes)} GiB host")
+    return ", ".join(parts)
+
+
+# ---------------------------------------------------------------- tables
+
+
+def print_plan(start, rows, miss, allow: set[str], options=None) -> None:
+    from rich.console import Console
+
+    con = Console()
+    _print_header(con, start, options)
+    host_known = start.scenario.hardware.host_ram_bytes is not None
+    if not rows:
+        con.print("[bold red]no configuration in memfit's search space fits[/]"
+                  + ("" if allow else " (try --allow lora,qlora,8bit)"))
+        if miss:
+            host_room = miss.host_headroom_bytes
+            con.print(f"closest: {miss.verdict}, {_gib(miss.device_peak_bytes)} GiB/GPU "
+                      f"(headroom {_gib(miss.headroom_bytes)}), host {_gib(miss.host_peak_bytes)} GiB"
+                      + (f" (headroom {_gib(host_room)})" if host_room is not None else ""))
+            for c in miss.changes:
+                con.print(f"   {describe(c, miss)}: saves {_saving(c, host_known)}" + _edit_words(c))
+        return
+    _print_table(con, start, rows)
+    for i, r in enumerate(rows, 1):
+        if r.changes:
+            con.print(f"[bold]{i}.[/]")
+        for c in r.changes:
+            why = ("[bold]needed to fit[/]" if c.needed_to_fit else
+                   "[dim]for speed[/]" if c.speed_cost_pct <= 0 else "[dim]for headroom[/]")
+            how = "" if c.measured == "alone" else " [dim](saving measured in the plan)[/]"
+            con.print(f"   {describe(c, r)}: saves {_saving(c, host_known)}, speed {-c.speed_cost_pct:+.1f}% "
+                      f"{why}{how}" + _edit_words(c))
+    con.print("[dim]saves: the change applied alone to the start (or, where it cannot stand alone, removed from the "
+              "plan); speed: the plan with vs without it. tokens/s come from memfit's step-time model "
+              "(catalog/speed.toml): they rank, they do not promise[/]")
+
+
+def _edit_words(change) -> str:
+    return f"\n      [bold magenta]needs a code edit[/] (no flag): {change.code_edit}" if change.code_edit else ""
+
+
+def _print_header(con, start, options) -> None:
+    s = start.scenario
+    hw = s.hardware
+    host_known = hw.host_ram_bytes is not None
+    con.print(f"[bold]{s.model.id}[/] on {hw.gpus_per_node} x {hw.gpu.name} ({hw.gpu.memory_bytes / GiB:.2f} GiB)"
+              + (f" x {hw.nodes} nodes" if hw.nodes > 1 else "")
+              + (f", host {hw.host_ram_bytes / GiB:,.0f} GiB/node" if host_known else "")
+              + f"  [dim]profile {s.profile}" + (f", method {s.method}" if s.method not in ("sft", "pt") else "")
+              + ("" if options is None or options.resume else ", host judged without a resume (--no-resume)")
+              + ("" if options is None or options.code_edits else ", no code edits") + "[/]")
+    global_batch = s.micro_batch * s.grad_accum * s.world_size
+    con.print(f"start: [{VERDICT_STYLE[start.verdict]}]{start.verdict}[/], {_gib(start.device_peak_bytes)} GiB/GPU, "
+              + (f"host {_gib(start.host_peak_bytes)} GiB, " if host_known else "")
+              + f"global batch {global_batch} (micro {s.micro_batch} x accum {s.grad_accum} x {s.world_size} GPUs), "
+              + (f"predicted {start.tokens_per_second:,.0f} tokens/s" + (" if it fit" if start.verdict == "oom" else "")
+                 if start.tokens_per_second > 0 else "it cannot run: vLLM has no room for one sequence's KV cache"))
+
+
+def _print_table(con, start, rows) -> None:
+    from rich.table import Table
+
+    table = Table(title="configurations that fit, fastest first")
+    for col in ("#", "verdict", "GiB/GPU", "headroom", "host GiB", "tokens/s", "vs start", "changes"):
+        table.add_column(col, justify="right" if col not in ("verdict", "changes") else "left")
+    for i, r in enumerate(rows, 1):
+        gain = (f"{(r.tokens_per_second / start.tokens_per_second - 1) * 100:+.0f}%"
+                if start.tokens_per_second > 0 else "-")
+        edits = sum(bool(c.code_edit) for c in r.changes)
+        changes = (str(len(r.changes)) + (f" ({edits} code edit{'s' * (edits > 1)})" if edits else "")
+                   if r.changes else "none (start fits)")
+        table.add_row(str(i), f"[{VERDICT_STYLE[r.verdict]}]{r.verdict}[/]", _gib(r.device_peak_bytes),
+                      _gib(r.headroom_bytes), _gib(r.host_peak_bytes), f"{r.tokens_per_second:,.0f}",
+                      gain, changes)
+    con.print(table)

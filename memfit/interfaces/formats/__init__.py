@@ -1,0 +1,193 @@
+"""Framework config files in and out: the one place memfit parses or writes them.
+
+    imported = read_config("train_lora.yaml", gpus=7)      # -> ImportedConfig (knobs for build_scenario)
+    files = write_config_files(imported, {**imported.knobs, "zero_stage": 3})
+    print(diff(files))                                      # unified diff of every file that changed
+
+Formats: DeepSpeed JSON, LLaMA-Factory YAML (+ the DeepSpeed JSON it names), OpenRLHF command
+lines (all flag styles), accelerate config YAML, HF TrainingArguments / TRL SFT and DPO configs
+(JSON or YAML). Writers change only what changed, keep comments and key order, re-read their own
+output, and refuse (MemfitError) a knob the format cannot say. `validate.py` checks written files
+with the frameworks' own code. The core needs only PyYAML.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+
+from memfit.errors import MemfitError
+from memfit.interfaces.formats import accelerate, deepspeed, hf, llamafactory, openrlhf, yamltext
+from memfit.interfaces.formats.base import ImportedConfig, WrittenFile, read_text
+
+MODULES = {"deepspeed": deepspeed, "llamafactory": llamafactory, "openrlhf": openrlhf, "accelerate": accelerate,
+           "hf": hf}
+FORMATS = tuple(MODULES)
+
+__all__ = ["FORMATS", "ImportedConfig", "WrittenFile", "detect_format", "diff", "export_scenario",
+           "knobs_from_scenario", "read_config", "write_config", "write_config_files"]
+
+
+def detect_format(text: str, name: str = "") -> str:
+    """Which format a file is, from its extension and its content."""
+    suffix = Path(name).suffix.lower()
+    head = text.lstrip()
+    if "openrlhf.cli." in text and (suffix in (".sh", ".txt", ".bash", "") or
+                                     head.startswith(("deepspeed", "python", "torchrun", "set", "#", "read", "export"))):
+        return "openrlhf"
+    if suffix == ".json" or head.startswith("{"):
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError:
+            doc = None  # the format's own reader reports where the JSON breaks
+        if isinstance(doc, dict) and ("zero_optimization" in doc or "train_micro_batch_size_per_gpu" in doc
+                                      or "train_batch_size" in doc):
+            return "deepspeed"
+        if doc is None and "zero_optimization" in text:
+            return "deepspeed"
+        return "hf"
+    if suffix in (".yaml", ".yml") or ":" in head.split("\n", 1)[0]:
+        try:
+            doc = yamltext.yaml.safe_load(text)
+        except yamltext.yaml.YAMLError:
+            doc = None
+        if isinstance(doc, dict):
+            if "compute_environment" in doc or "distributed_type" in doc:
+                return "accelerate"
+            if "stage" in doc or "finetuning_type" in doc or "cutoff_len" in doc or "lora_target" in doc:
+                return "llamafactory"
+            return "hf"
+        if suffix in (".yaml", ".yml"):
+            return _yaml_guess(text)
+    raise MemfitError(f"{name or 'config'}: cannot tell the format; memfit reads DeepSpeed JSON, LLaMA-Factory "
+                      "YAML, OpenRLHF commands, accelerate YAML and TrainingArguments / TRL configs")
+
+
+def _yaml_guess(text: str) -> str:
+    """A YAML file that does not parse: guess from its keys so the right reader reports the error."""
+    if "compute_environment" in text or "distributed_type" in text:
+        return "accelerate"
+    if "finetuning_type" in text or "cutoff_len" in text or "\nstage:" in "\n" + text:
+        return "llamafactory"
+    return "hf"
+
+
+def read_config(path_or_text, *, format: str | None = None, gpus: int | None = None, **options) -> ImportedConfig:
+    """Read a framework file. `gpus`: the total GPU count the run will use (for global-batch math and
+    to check train_batch_size = micro x accumulation x GPUs). `options` go to the format's reader
+    (e.g. profile= for a bare DeepSpeed JSON, version= for OpenRLHF)."""
+    text, path = read_text(path_or_text, "config")
+    fmt = format or detect_format(text, path.name if path else "")
+    if fmt not in MODULES:
+        raise MemfitError(f"unknown config format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+    return MODULES[fmt].read(path if path else text, gpus=gpus, **options)
+
+
+def write_config_files(imported: ImportedConfig, knobs: dict) -> list[WrittenFile]:
+    """Every file that has to change for `knobs` (the main file first; a DeepSpeed JSON it names after).
+    `knobs` may be the full set (`{**imported.knobs, ...}`) or only the changes; None resets a knob
+    to the framework's default."""
+    module = MODULES[imported.format]
+    if hasattr(module, "write_files"):
+        return module.write_files(imported, knobs)
+    return [WrittenFile(imported.path, imported.text, module.write(imported, knobs))]
+
+
+def write_config(imported: ImportedConfig, knobs: dict) -> str:
+    """The main file's new text (see write_config_files for the DeepSpeed JSON it may also need)."""
+    return write_config_files(imported, knobs)[0].new_text
+
+
+def diff(files: list[WrittenFile]) -> str:
+    """A unified diff of the files that changed (new files against /dev/null)."""
+    out = []
+    for f in files:
+        if not f.changed:
+            continue
+        name = str(f.path) if f.path else "config"
+        old = (f.old_text or "").splitlines(keepends=True)
+        new = f.new_text.splitlines(keepends=True)
+        out += difflib.unified_diff(old, new, "/dev/null" if f.old_text is None else f"a/{name}", f"b/{name}")
+    return "".join(line if line.endswith("\n") else line + "\n" for line in out)
+
+
+# --- from a Scenario -----------------------------------------------------------------------------------
+
+def knobs_from_scenario(scenario) -> dict:
+    """The knobs that rebuild `scenario` with profiles.build_scenario (the inverse of it)."""
+    s = scenario
+    k = {"method": s.method, "tuning": s.tuning, "precision": s.precision, "adapter_dtype": s.adapter_dtype,
+         "optimizer": s.optimizer, "engine": s.engine, "checkpointing": s.checkpointing, "reentrant": s.reentrant,
+         "attention": s.attention, "padding": s.padding, "loss": s.loss, "micro_batch": s.micro_batch,
+         "seq_len": s.seq_len, "grad_accum": s.grad_accum}
+    if s.checkpointing == "every_n":
+        k["checkpoint_every_n"] = s.checkpoint_every_n
+    if s.lora is not None:
+        k |= {"lora_rank": s.lora.rank, "lora_alpha": s.lora.alpha, "lora_targets": tuple(s.lora.targets),
+              "dora": s.lora.dora, "lora_dropout": s.lora.dropout}
+    if s.tuning == "qlora":
+        k["double_quant"] = s.double_quant
+    if s.tuning == "freeze":
+        k["freeze_trainable_layers"] = s.freeze_trainable_layers
+    if s.deepspeed is not None:
+        d = s.deepspeed
+        k |= {"zero_stage": d.stage, "offload_optimizer": d.offload_optimizer, "offload_param": d.offload_param,
+              "pin_memory": d.pin_memory, "reduce_bucket_size": d.reduce_bucket_size, "overlap_comm": d.overlap,
+              "contiguous_gradients": d.contiguous_gradients, "prefetch_bucket_size": d.prefetch_bucket_size,
+              "param_persistence_threshold": d.param_persistence_threshold,
+              "max_live_parameters": d.max_live_parameters, "sub_group_size": d.sub_group_size}
+        if d.ratio != 1.0:
+            k["ratio"] = d.ratio
+        if d.grad_accum_dtype is not None:
+            k["grad_accum_dtype"] = d.grad_accum_dtype
+    if s.fsdp is not None:
+        k |= {"fsdp_strategy": s.fsdp.strategy, "fsdp_cpu_offload": s.fsdp.cpu_offload}
+    if s.rl is not None:  # several models: the RlConfig knobs (scenario.RL_KEYS)
+        k |= {name: getattr(s.rl, name) for name in ("ref_offload", "reward_offload", "vllm_gpu_memory_utilization",
+                                                     "vllm_sleep", "deepspeed_sleep")}
+    return k
+
+
+# Knobs each format states; the rest of a scenario is the framework's business (its defaults).
+_EXPORTABLE = {
+    "deepspeed": set(deepspeed.KNOBS),
+    "llamafactory": {"method", "tuning", "lora_rank", "lora_alpha", "lora_targets", "dora", "lora_dropout",
+                     "freeze_trainable_layers", "checkpointing", "reentrant", "attention", "precision", "micro_batch",
+                     "grad_accum", "seq_len", "loss", "padding", "optimizer", "double_quant", *deepspeed.KNOBS},
+    "openrlhf": {"tuning", "lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "zero_stage",
+                 "offload_optimizer", "checkpointing", "reentrant", "attention", "precision", "micro_batch", "seq_len",
+                 "padding", "loss", "grad_accum_dtype", "grad_accum"},
+    "accelerate": {"engine", "zero_stage", "offload_optimizer", "offload_param", "fsdp_strategy", "fsdp_cpu_offload",
+                   "precision"},
+    "hf": {"micro_batch", "grad_accum", "checkpointing", "reentrant", "optimizer", "seq_len", "padding", "attention",
+           "tuning", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "dora", "precision", "engine",
+           "fsdp_strategy", "fsdp_cpu_offload", *deepspeed.KNOBS},
+}
+
+
+def export_scenario(scenario, format: str, *, model_name: str | None = None, **options) -> list[WrittenFile]:
+    """Fresh file(s) in `format` that say `scenario`'s knobs (only what that format states; what it
+    leaves to the framework's defaults is not written). LLaMA-Factory with DeepSpeed gives two files."""
+    knobs = {k: v for k, v in knobs_from_scenario(scenario).items() if k in _EXPORTABLE[format] and v is not None}
+    model = model_name or scenario.model.id
+    world = scenario.hardware.world_size
+    if format == "deepspeed":
+        return [WrittenFile(None, None, deepspeed.export(knobs, hf_auto=options.get("hf_auto", True)))]
+    if format == "llamafactory":
+        files = []
+        ds_name = None
+        if scenario.engine == "deepspeed":
+            ds_name = f"ds_z{scenario.deepspeed.stage}_config.json"
+            files.append(WrittenFile(Path(ds_name), None, deepspeed.export(knobs)))
+        main = llamafactory.export(knobs, model, deepspeed_path=ds_name)
+        return [WrittenFile(None, None, main)] + files
+    if format == "openrlhf":
+        return [WrittenFile(None, None, openrlhf.export(knobs, model, gpus=world, **options))]
+    if format == "accelerate":
+        return [WrittenFile(None, None, accelerate.export(knobs, gpus=scenario.hardware.gpus_per_node,
+                                                          nodes=scenario.hardware.nodes))]
+    if format == "hf":
+        if scenario.engine == "deepspeed":
+            knobs["engine"] = "deepspeed"
+        return [WrittenFile(None, None, hf.export(knobs, model, **options))]
+    raise MemfitError(f"unknown config format {format!r}; choose one of: {', '.join(FORMATS)}")

@@ -1,0 +1,617 @@
+"""OpenRLHF command lines (`deepspeed --module openrlhf.cli.train_sft ...`, in a script or alone).
+
+Flags changed names twice; the flag table of each release (tables/openrlhf.json, rebuilt from the
+released `openrlhf/cli/train_*.py` by validate.openrlhf_table) says which are valid where:
+
+| table  | releases      | precision / attention flags                       |
+| ------ | ------------- | ------------------------------------------------- |
+| 0.8.9  | <= 0.8.9      | `--bf16`, `--flash_attn` (absent: eager)           |
+| 0.9.1  | 0.8.10-0.9.1  | `--bf16`, `--attn_implementation`                  |
+| 0.10.1 | 0.9.2-0.10.1  | `--param_dtype`, `--attn_implementation`           |
+| 0.11.2 | >= 0.10.2     | dotted: `--ds.param_dtype`, `--ds.attn_implementation`, `--train.micro_batch_size` ... |
+
+The release is detected from the flags present (the newest table that knows them all) and the
+command is written back in the same style. OpenRLHF builds its DeepSpeed config in code
+(`get_train_ds_config`): optimizer offload only by `--adam_offload` with pin_memory true, buckets
+"auto" (= DeepSpeed defaults), overlap_comm left to DeepSpeed unless `--overlap_comm`.
+"""
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from memfit.errors import MemfitError
+from memfit.interfaces.formats.base import (HF_ATTENTION_NAME, ImportedConfig, as_int, attention_from_hf, bad, cannot,
+                                 changed_knobs, read_text, same, suggest, verify_written)
+from memfit.interfaces.formats.tables import table
+
+FORMAT = "openrlhf"
+PROFILE = "openrlhf"
+VERSIONS = ("0.11.2", "0.10.1", "0.9.1", "0.8.9")  # newest first
+RELEASES = {"0.8.9": "<= 0.8.9", "0.9.1": "0.8.10-0.9.1", "0.10.1": "0.9.2-0.10.1", "0.11.2": ">= 0.10.2"}
+METHODS = {"train_sft": "sft", "train_dpo": "dpo", "train_rm": "rm"}
+
+# memfit's name for a flag -> (legacy name, dotted name)
+FLAGS = {
+    "zero_stage": ("--zero_stage", "--ds.zero_stage"),
+    "adam_offload": ("--adam_offload", "--ds.adam_offload"),
+    "checkpointing": ("--gradient_checkpointing", "--model.gradient_checkpointing_enable"),
+    "reentrant": ("--gradient_checkpointing_use_reentrant", "--model.gradient_checkpointing_reentrant"),
+    "micro_batch": ("--micro_train_batch_size", "--train.micro_batch_size"),
+    "global_batch": ("--train_batch_size", "--train.batch_size"),
+    "seq_len": ("--max_len", "--data.max_len"),
+    "model": ("--pretrain", "--model.model_name_or_path"),
+    "lora_rank": ("--lora_rank", "--ds.lora.rank"),
+    "lora_alpha": ("--lora_alpha", "--ds.lora.alpha"),
+    "lora_targets": ("--target_modules", "--ds.lora.target_modules"),
+    "lora_dropout": ("--lora_dropout", "--ds.lora.dropout"),
+    "load_in_4bit": ("--load_in_4bit", "--ds.load_in_4bit"),
+    "packing": ("--packing_samples", "--ds.packing_samples"),
+    "liger": ("--use_liger_kernel", "--ds.use_liger_kernel"),
+    "overlap_comm": ("--overlap_comm", "--ds.overlap_comm"),
+    "grad_accum_dtype": ("--grad_accum_dtype", "--ds.grad_accum_dtype"),
+    "attention": ("--attn_implementation", "--ds.attn_implementation"),
+    "param_dtype": ("--param_dtype", "--ds.param_dtype"),
+    "ring": ("--ring_attn_size", "--ds.ring_attn_size"),
+    "tensor_parallel": ("--ds_tensor_parallel_size", "--ds.tensor_parallel_size"),
+    "pretrain_mode": ("--pretrain_mode", "--model.pretrain_mode_enable"),
+    "zpg": ("--zpg", "--ds.zpg"),
+    "ref_offload": ("--ref_offload", "--ref.offload"),  # train_dpo: offload_param of the reference (ZeRO-3)
+}
+UNSUPPORTED_DEEPSPEED = ("reduce_bucket_size", "contiguous_gradients", "prefetch_bucket_size",
+                         "param_persistence_threshold", "max_live_parameters", "sub_group_size", "ratio",
+                         "offload_param", "zero3_init")
+
+
+def flag_name(version: str, script: str, name: str) -> str | None:
+    """The flag for `name` in this release, or None if that release has none."""
+    if name == "attention" and version == "0.8.9":
+        candidate = "--flash_attn"
+    elif name == "param_dtype" and version in ("0.8.9", "0.9.1"):
+        candidate = "--bf16"
+    else:
+        legacy, dotted = FLAGS[name]
+        candidate = dotted if version == "0.11.2" else legacy
+    return candidate if candidate in flags_of(version, script) else None
+
+
+def flags_of(version: str, script: str) -> dict:
+    return table("openrlhf")["versions"][version][script]
+
+
+# --- the command line, tokenized with positions --------------------------------------------------------
+
+@dataclass
+class Token:
+    value: str  # shell-unquoted
+    start: int
+    end: int
+
+
+@dataclass
+class Command:
+    script: str
+    module: Token
+    tokens: list[Token]
+    flags: dict = field(default_factory=dict)  # flag -> True | value | [values], in order
+    spans: dict = field(default_factory=dict)  # flag -> (flag token, [value tokens])
+    multiline: bool = False
+    fits: list = field(default_factory=list)  # every release whose parser knows all the flags
+
+
+_END = set(";&|)\n")
+
+
+def _tokens(text: str, i: int) -> tuple[list[Token], bool]:
+    """Shell words from i to the end of the command (an unescaped newline, ;, &, |); quotes removed."""
+    out, multiline = [], False
+    n = len(text)
+    while i < n:
+        c = text[i]
+        if c in " \t":
+            i += 1
+            continue
+        if c == "\\" and text[i + 1:i + 2] == "\n":
+            multiline = True
+            i += 2
+            continue
+        if c in _END or c == "#":
+            break
+        start, value = i, []
+        while i < n and text[i] not in " \t" and text[i] not in _END:
+            c = text[i]
+            if c == "\\" and text[i + 1:i + 2] == "\n":
+                break
+            if c in "'\"":
+                close = text.find(c, i + 1)
+                if close < 0:
+                    raise ValueError(f"unclosed quote at character {i}")
+                value.append(text[i + 1:close])
+                i = close + 1
+            elif c == "\\":
+                value.append(text[i + 1:i + 2])
+                i += 2
+            else:
+                value.append(c)
+                i += 1
+        out.append(Token("".join(value), start, i))
+    return out, multiline
+
+
+_MODULE = re.compile(r"openrlhf\.cli\.(train_[a-z_]+)")
+
+
+def _find_module(text: str) -> re.Match | None:
+    for m in _MODULE.finditer(text):
+        line = text[text.rfind("\n", 0, m.start()) + 1:m.start()]
+        if "#" not in line:
+            return m
+    return None
+
+
+def _convert(where: str, flag: str, spec: dict, raw: str):
+    kind = spec.get("type", "str")
+    if raw.startswith("$"):
+        if kind in ("int", "float"):
+            raise bad(where, flag, f"{raw} is a shell variable; memfit needs the number")
+        return raw
+    if kind == "int":
+        return as_int(where, flag, raw)
+    if kind == "float":
+        try:
+            return float(raw)
+        except ValueError:
+            raise bad(where, flag, f"expected a number, got {raw!r}") from None
+    if "choices" in spec and spec["choices"] and raw not in spec["choices"]:
+        raise bad(where, flag, f"expected one of {', '.join(spec['choices'])}; got {raw!r}")
+    return raw
+
+
+def detect_version(script: str, names: list[str]) -> tuple[str, list[str]]:
+    """The newest release whose parser knows every flag; else the closest, with the unknown flags."""
+    best = None
+    for version in VERSIONS:
+        unknown = [f for f in names if f not in flags_of(version, script)]
+        if not unknown:
+            return version, []
+        if best is None or len(unknown) < len(best[1]):
+            best = (version, unknown)
+    return best
+
+
+def parse_command(text: str, where: str, version: str | None = None) -> tuple[Command, str]:
+    m = _find_module(text)
+    if m is None:
+        raise bad(where, None, "no `openrlhf.cli.train_*` module in the command")
+    script = m.group(1)
+    if script not in METHODS:
+        raise bad(where, None, f"openrlhf.cli.{script} is not modelled; memfit reads train_sft, train_dpo, train_rm")
+    try:
+        tokens, multiline = _tokens(text, m.end())
+    except ValueError as e:
+        raise bad(where, None, f"cannot read the command: {e}") from None
+    names = [t.value.split("=", 1)[0] for t in tokens if t.value.startswith("--")]
+    fits = [v for v in VERSIONS if all(f in flags_of(v, script) for f in names)]
+    if version is None:
+        version, unknown = detect_version(script, names)
+        if unknown:
+            known = flags_of(version, script)
+            raise bad(where, unknown[0], f"unknown flag: OpenRLHF {RELEASES[version]} {script} rejects it"
+                      f"{suggest(unknown[0], known)}")
+    specs = flags_of(version, script)
+    cmd = Command(script, Token(m.group(), m.start(), m.end()), tokens, multiline=multiline)
+    cmd.fits = fits
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if not tok.value.startswith("--"):
+            raise bad(where, tok.value, "unexpected word in the OpenRLHF command (a value without its flag?)")
+        flag, eq, inline = tok.value.partition("=")
+        if flag not in specs:
+            raise bad(where, flag, f"unknown flag: OpenRLHF {RELEASES[version]} {script} rejects it{suggest(flag, specs)}")
+        if flag in cmd.flags:
+            raise bad(where, flag, "given twice (argparse keeps the last; say it once)")
+        spec = specs[flag]
+        i += 1
+        if spec.get("action") in ("store_true", "store_false"):
+            cmd.flags[flag], cmd.spans[flag] = True, (tok, [])
+            continue
+        nargs = spec.get("nargs")
+        values: list[Token] = []
+        if eq:
+            values = [Token(inline, tok.start + len(flag) + 1, tok.end)]
+        else:
+            count = nargs if isinstance(nargs, int) else None
+            while i < len(tokens) and not tokens[i].value.startswith("--") and (count is None or len(values) < count):
+                values.append(tokens[i])
+                i += 1
+                if nargs is None:
+                    break
+        if not values and nargs != "*":
+            raise bad(where, flag, "expects a value")
+        converted = [_convert(where, flag, spec, v.value) for v in values]
+        cmd.flags[flag] = converted if nargs is not None else converted[0]
+        cmd.spans[flag] = (tok, values)
+    return cmd, version
+
+
+def _launcher(text: str, cmd: Command) -> dict:
+    """GPU counts from the launcher: deepspeed --num_gpus/--num_nodes/--include, torchrun, CUDA_VISIBLE_DEVICES."""
+    outside = text[:cmd.module.start] + " " + text[(cmd.tokens[-1].end if cmd.tokens else cmd.module.end):]
+    world = {}
+    per_node = None
+    for pattern in (r"--num_gpus[= ](\d+)", r"--nproc_per_node[= ](\d+)", r"--nproc-per-node[= ](\d+)"):
+        m = re.search(pattern, outside)
+        if m:
+            per_node = int(m.group(1))
+    m = re.search(r"--include[= ]['\"]?[\w.-]+:([\d,]+)", outside) or re.search(r"CUDA_VISIBLE_DEVICES=['\"]?([\d,]+)",
+                                                                              outside)
+    if per_node is None and m:
+        per_node = len(m.group(1).split(","))
+    m = re.search(r"--(?:num_nodes|nnodes)[= ](\d+)", outside)
+    nodes = int(m.group(1)) if m else None
+    if per_node is not None:
+        world["num_gpus"] = per_node * (nodes or 1)
+    if nodes is not None:
+        world["nodes"] = nodes
+    return world
+
+
+# --- knobs ---------------------------------------------------------------------------------------------
+
+def _value(cmd: Command, version: str, name: str, assumed: list[str] | None = None):
+    flag = flag_name(version, cmd.script, name)
+    if flag is None:
+        return None
+    if flag in cmd.flags:
+        return cmd.flags[flag]
+    spec = flags_of(version, cmd.script)[flag]
+    if spec.get("action") == "store_true":
+        return False
+    default = spec.get("default")
+    if assumed is not None and default is not None:
+        assumed.append(f"{flag} {default} (OpenRLHF {RELEASES[version]} default)")
+    return default
+
+
+def knobs_of(cmd: Command, version: str, where: str, world: dict) -> tuple[dict, list[str], list[str]]:
+    assumed: list[str] = []
+    warnings: list[str] = []
+    v = lambda name, note=False: _value(cmd, version, name, assumed if note else None)  # noqa: E731
+    k: dict = {"engine": "deepspeed", "method": "pt" if v("pretrain_mode") else METHODS[cmd.script]}
+    k["zero_stage"] = v("zero_stage", True)
+    if k["zero_stage"] not in (0, 1, 2, 3):
+        raise bad(where, flag_name(version, cmd.script, "zero_stage"), f"ZeRO stage {k['zero_stage']} does not exist")
+    k["offload_optimizer"] = "cpu" if v("adam_offload") else "none"
+    k["offload_param"] = "none"  # the trained model's params stay on the GPU (get_train_ds_config offload=False)
+    if flag_name(version, cmd.script, "ref_offload"):
+        k["ref_offload"] = bool(v("ref_offload"))
+    k["pin_memory"] = True  # get_train_ds_config hard-codes pin_memory: true
+    k["checkpointing"] = "full" if v("checkpointing") else "off"
+    if v("reentrant"):
+        k["reentrant"] = True
+    if version == "0.8.9":
+        k["attention"] = "flash" if v("attention") else "eager"
+    else:
+        k["attention"] = attention_from_hf(where, flag_name(version, cmd.script, "attention"), v("attention", True))
+    if version in ("0.8.9", "0.9.1"):
+        if v("param_dtype"):
+            k["precision"] = "bf16-mixed"
+        else:
+            warnings.append(f"{where}: no --bf16: OpenRLHF {RELEASES[version]} then trains in the checkpoint's "
+                            "dtype without DeepSpeed mixed precision; pass --bf16")
+    else:
+        k["precision"] = {"bf16": "bf16-mixed", "fp16": "fp16-mixed"}[v("param_dtype")]
+    k["micro_batch"] = v("micro_batch", True)
+    k["seq_len"] = v("seq_len", True)
+    rank = v("lora_rank") or 0
+    if rank > 0:
+        k["tuning"] = "qlora" if v("load_in_4bit") else "lora"
+        k["lora_rank"], k["lora_alpha"] = rank, v("lora_alpha")
+        targets = v("lora_targets")
+        k["lora_targets"] = ("all-linear",) if targets in ("all-linear", ["all-linear"], []) else tuple(targets)
+        if v("lora_dropout"):
+            k["lora_dropout"] = float(v("lora_dropout"))
+    else:
+        if v("load_in_4bit"):
+            raise bad(where, flag_name(version, cmd.script, "load_in_4bit"), "4-bit loading needs LoRA (--lora_rank > 0)")
+        k["tuning"] = "full"
+    k["padding"] = "padding_free" if v("packing") else "padded"
+    if v("liger"):
+        k["loss"] = "liger"
+    k["overlap_comm"] = True if v("overlap_comm") else k["zero_stage"] == 3  # DeepSpeed's rule when not forced
+    if v("grad_accum_dtype"):
+        k["grad_accum_dtype"] = v("grad_accum_dtype")
+    split = (v("ring") or 1) * (v("tensor_parallel") or 1)
+    for name in ("ring", "tensor_parallel"):
+        if (v(name) or 1) > 1:
+            warnings.append(f"{where}: {flag_name(version, cmd.script, name)} {v(name)}: not modelled "
+                            "(memfit assumes plain data parallelism)")
+    if (v("zpg") or 1) > 1:
+        warnings.append(f"{where}: {flag_name(version, cmd.script, 'zpg')} {v('zpg')}: ZeRO++ hpZ not modelled")
+    global_batch = v("global_batch", True)
+    world["global_batch"] = global_batch
+    gpus = world.get("num_gpus")
+    if gpus:
+        data_parallel = gpus // split
+        flag = flag_name(version, cmd.script, "global_batch")
+        if global_batch % (k["micro_batch"] * data_parallel):
+            raise bad(where, flag, f"{global_batch} is not micro batch {k['micro_batch']} x {data_parallel} "
+                      "data-parallel GPUs x a whole number of accumulation steps (DeepSpeed refuses it)")
+        k["grad_accum"] = global_batch // (k["micro_batch"] * data_parallel)
+    return k, assumed, warnings
+
+
+def read(path_or_text, *, gpus: int | None = None, version: str | None = None) -> ImportedConfig:
+    text, path = read_text(path_or_text, "OpenRLHF command")
+    where = str(path) if path else "OpenRLHF command"
+    cmd, version = parse_command(text, where, version)
+    world = _launcher(text, cmd)
+    if gpus is not None:
+        world["num_gpus"] = gpus
+    knobs, assumed, warnings = knobs_of(cmd, version, where, world)
+    assumed.insert(0, f"flag style of OpenRLHF {RELEASES[version]}")
+    if len(cmd.fits) > 1 and "0.8.9" in cmd.fits and version != "0.8.9":
+        warnings.append(f"{cmd.script}: these flags also fit OpenRLHF <= 0.8.9, where attention is eager "
+                        f"without --flash_attn; read as {RELEASES[version]} (flash_attention_2): pass version='0.8.9' "
+                        "if the run uses an older release")
+    model = _value(cmd, version, "model")
+    return ImportedConfig(format=FORMAT, profile=PROFILE, knobs=knobs, text=text, doc=cmd, path=path,
+                          model_name=model if isinstance(model, str) and not model.startswith("$") else None,
+                          world=world, variant=version, assumed=assumed, warnings=warnings)
+
+
+# --- writing -------------------------------------------------------------------------------------------
+
+def _need(imported: ImportedConfig, name: str, knob: str, value) -> str:
+    flag = flag_name(imported.variant, imported.doc.script, name)
+    if flag is None:
+        raise cannot(imported, knob, value, f"OpenRLHF {RELEASES[imported.variant]} {imported.doc.script} has no flag for it")
+    return flag
+
+
+def new_flags(imported: ImportedConfig, changes: dict) -> dict:
+    cmd: Command = imported.doc
+    version, script = imported.variant, cmd.script
+    flags = dict(cmd.flags)
+    specs = flags_of(version, script)
+
+    def put(name: str, knob: str, value) -> None:
+        """Set a valued flag; a value equal to the release default is written only if the flag is there."""
+        flag = _need(imported, name, knob, value)
+        if flag in flags or not same(specs[flag].get("default"), value):
+            flags[flag] = value
+
+    def switch(name: str, knob: str, on: bool) -> None:
+        flag = _need(imported, name, knob, on) if on else flag_name(version, script, name)
+        if on:
+            flags[flag] = True
+        elif flag:
+            flags.pop(flag, None)
+
+    for knob, value in changes.items():
+        if knob == "zero_stage":
+            put("zero_stage", knob, 2 if value is None else value)
+        elif knob == "offload_optimizer":
+            if value not in ("cpu", "none", None):
+                raise cannot(imported, knob, value, "OpenRLHF offloads the optimizer to the CPU only (--adam_offload)")
+            switch("adam_offload", knob, value == "cpu")
+        elif knob == "pin_memory":
+            if value is False:
+                raise cannot(imported, knob, value, "OpenRLHF's get_train_ds_config hard-codes pin_memory: true "
+                             "(edit openrlhf/utils/deepspeed/deepspeed_utils.py)")
+        elif knob in UNSUPPORTED_DEEPSPEED:
+            if not (knob == "offload_param" and value in ("none", None)) and not (knob == "ratio" and value in (1.0, None)):
+                raise cannot(imported, knob, value, "OpenRLHF builds its DeepSpeed config in code without this "
+                             "setting (openrlhf/utils/deepspeed/deepspeed_utils.py)")
+        elif knob == "ref_offload":
+            switch("ref_offload", knob, bool(value))
+        elif knob == "checkpointing":
+            if value not in ("full", "off", None):
+                raise cannot(imported, knob, value, "OpenRLHF has full gradient checkpointing or none")
+            switch("checkpointing", knob, value == "full")
+        elif knob == "reentrant":
+            switch("reentrant", knob, bool(value))
+        elif knob == "attention":
+            if version == "0.8.9":
+                if value == "sdpa":
+                    raise cannot(imported, knob, value, "OpenRLHF <= 0.8.9 has flash (--flash_attn) or eager")
+                switch("attention", knob, value == "flash")
+            else:
+                put("attention", knob, HF_ATTENTION_NAME[value or "flash"])
+        elif knob == "precision":
+            if value not in ("bf16-mixed", "fp16-mixed"):
+                raise cannot(imported, knob, value, "OpenRLHF trains with DeepSpeed bf16 or fp16 mixed precision")
+            if version in ("0.8.9", "0.9.1"):
+                if value != "bf16-mixed":
+                    raise cannot(imported, knob, value, f"OpenRLHF {RELEASES[version]} has --bf16 only")
+                switch("param_dtype", knob, True)
+            else:
+                put("param_dtype", knob, value[:4])
+        elif knob == "micro_batch":
+            put("micro_batch", knob, value)
+        elif knob == "grad_accum":
+            continue  # with micro_batch, below
+        elif knob == "seq_len":
+            put("seq_len", knob, value)
+        elif knob == "tuning":
+            rank = changes.get("lora_rank", imported.knobs.get("lora_rank")) or 8
+            if value in ("lora", "qlora"):
+                put("lora_rank", "lora_rank", rank)
+                switch("load_in_4bit", knob, value == "qlora")
+            elif value in ("full", None):
+                for name in ("lora_rank", "load_in_4bit"):
+                    switch(name, knob, False)
+            else:
+                raise cannot(imported, knob, value, "OpenRLHF trains full or LoRA/QLoRA")
+        elif knob == "lora_rank":
+            if changes.get("tuning", imported.knobs.get("tuning")) in ("lora", "qlora"):
+                put("lora_rank", knob, value or 8)
+        elif knob == "lora_alpha":
+            put("lora_alpha", knob, value if value is not None else 16)
+        elif knob == "lora_targets":
+            flag = _need(imported, "lora_targets", knob, value)
+            targets = list(value or ("all-linear",))
+            if flag in flags or targets != ["all-linear"]:
+                flags[flag] = targets
+        elif knob == "lora_dropout":
+            put("lora_dropout", knob, value or 0)
+        elif knob == "padding":
+            if value == "packed":
+                raise cannot(imported, knob, value, "OpenRLHF packs without padding (--packing_samples = padding_free)")
+            switch("packing", knob, value == "padding_free")
+        elif knob == "loss":
+            if value not in ("liger", "standard", None):
+                raise cannot(imported, knob, value, "OpenRLHF has the standard loss or --use_liger_kernel")
+            switch("liger", knob, value == "liger")
+        elif knob == "overlap_comm":
+            stage = changes.get("zero_stage", imported.knobs.get("zero_stage"))
+            if value is False and stage == 3:
+                raise cannot(imported, knob, value, "OpenRLHF leaves overlap_comm to DeepSpeed, which turns it on for ZeRO-3")
+            switch("overlap_comm", knob, bool(value) and stage != 3 or (bool(value) and flag_name(
+                version, script, "overlap_comm") in flags))
+        elif knob == "grad_accum_dtype":
+            if value is None:
+                switch("grad_accum_dtype", knob, False)
+            else:
+                flags[_need(imported, "grad_accum_dtype", knob, value)] = value
+        elif knob in ("engine",):
+            if value not in ("deepspeed", None):
+                raise cannot(imported, knob, value, "OpenRLHF runs DeepSpeed")
+        elif knob == "optimizer":
+            if value not in ("adamw-fused", None):
+                raise cannot(imported, knob, value, "OpenRLHF uses DeepSpeed's Adam")
+        elif knob == "method":
+            if value != imported.knobs.get("method"):
+                raise cannot(imported, knob, value, f"this is a {script} command")
+        else:
+            raise cannot(imported, knob, value, "OpenRLHF has no flag for it")
+    if "grad_accum" in changes and changes["grad_accum"] is not None:
+        gpus = imported.world.get("num_gpus")
+        if not gpus:
+            raise cannot(imported, "grad_accum", changes["grad_accum"],
+                         "OpenRLHF sets the global batch (--train_batch_size); it needs the number of GPUs: say --gpus")
+        micro = changes.get("micro_batch", imported.knobs.get("micro_batch"))
+        split = (_value(imported.doc, version, "ring") or 1) * (_value(imported.doc, version, "tensor_parallel") or 1)
+        put("global_batch", "grad_accum", micro * changes["grad_accum"] * (gpus // split))
+    return flags
+
+
+def _word(value) -> str:
+    return shlex.quote(str(value))
+
+
+def _render(flag: str, value) -> list[str]:
+    if value is True:
+        return [flag]
+    if isinstance(value, list):
+        return [flag] + [_word(v) for v in value]
+    return [flag, _word(value)]
+
+
+def edit_text(imported: ImportedConfig, flags: dict) -> str:
+    cmd: Command = imported.doc
+    text = imported.text
+    edits: list[tuple[int, int, str]] = []
+    line_start = lambda pos: text.rfind("\n", 0, pos) + 1  # noqa: E731
+    tokens = cmd.tokens
+    order = list(cmd.flags)
+    kept = [f for f in order if f in flags]
+    last_kept = order.index(kept[-1]) if kept else -1
+    span_end = lambda f: (cmd.spans[f][1] or [cmd.spans[f][0]])[-1].end  # noqa: E731
+    anchor = span_end(kept[-1]) if kept else cmd.module.end
+    trailing = [f for f in order[last_kept + 1:] if f not in flags]
+    if trailing:  # flags after the last kept one: cut from the end of the kept text to their end
+        edits.append((anchor, span_end(trailing[-1]), ""))
+    for index, flag in enumerate(order):
+        tok, values = cmd.spans[flag]
+        last = values[-1] if values else tok
+        if flag not in flags and index < last_kept:
+            begin, end = line_start(tok.start), text.find("\n", last.end)
+            end = len(text) if end < 0 else end
+            alone = not text[begin:tok.start].strip() and text[last.end:end].strip() in ("", "\\")
+            if alone and cmd.multiline:
+                edits.append((begin, end + 1, ""))
+            else:
+                following = tokens[tokens.index(last) + 1]
+                edits.append((tok.start, following.start, ""))
+        elif flag in flags and not same(cmd.flags[flag], flags[flag]):
+            words = " ".join(_render(flag, flags[flag])[1:])
+            if "=" in tok.value:
+                edits.append((tok.start, tok.end, f"{flag}={words}"))
+            elif values:
+                edits.append((values[0].start, last.end, words))
+            else:
+                edits.append((tok.end, tok.end, " " + words))
+    added = [f for f in flags if f not in cmd.flags]
+    if added:
+        if cmd.multiline:
+            first = tokens[0] if tokens else cmd.module
+            indent = text[line_start(first.start):first.start]
+            indent = indent if indent and not indent.strip() else "   "
+            insert = "".join(f" \\\n{indent}{' '.join(_render(f, flags[f]))}" for f in added)
+        else:
+            insert = "".join(" " + " ".join(_render(f, flags[f])) for f in added)
+        edits.append((anchor, anchor, insert))
+    out = text
+    for start, end, replacement in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
+        out = out[:start] + replacement + out[end:]
+    return out
+
+
+def write(imported: ImportedConfig, knobs: dict) -> str:
+    """The same script with only the changed flags edited, added (one per line, in the file's style)
+    or removed, in the flag style of the release the command was written for."""
+    changes = changed_knobs(imported, knobs)
+    flags = new_flags(imported, changes)
+    text = edit_text(imported, flags)
+    again = read(text, gpus=imported.world.get("num_gpus") if "num_gpus" in imported.world else None,
+                 version=imported.variant)
+    if again.doc.flags != flags:
+        raise cannot(imported, "flags", list(flags), "internal error: the edited command does not read back")
+    verify_written(imported, again, {k: v for k, v in changes.items() if k in again.knobs or v is None})
+    return text
+
+
+def arguments(imported: ImportedConfig) -> list[str]:
+    """The training script's arguments, as argparse receives them (for validation)."""
+    return [t.value for t in imported.doc.tokens]
+
+
+# --- a fresh command -----------------------------------------------------------------------------------
+
+def export(knobs: dict, model_name: str | None = None, *, version: str = "0.11.2", script: str | None = None,
+           gpus: int | None = None, global_batch: int | None = None) -> str:
+    """`deepspeed --module openrlhf.cli.train_*` for these knobs, one flag per line."""
+    script = script or {"dpo": "train_dpo", "rm": "train_rm"}.get(knobs.get("method"), "train_sft")
+    model_flag = flag_name(version, script, "model")
+    base = f"deepspeed --module openrlhf.cli.{script} \\\n   {model_flag} {_word(model_name or 'MODEL')}\n"
+    placeholder = read(base, version=version)  # the release's default global batch may not fit `gpus` yet
+    placeholder.world["num_gpus"] = gpus or 1
+    wanted = {k: v for k, v in knobs.items() if k not in ("engine", "method")}
+    wanted.setdefault("grad_accum", 1)  # written as --train_batch_size = micro x accumulation x GPUs
+    text = write(placeholder, {**placeholder.knobs, **wanted})
+    if gpus:
+        text = text.replace("deepspeed --module", f"deepspeed --num_gpus {gpus} --module", 1)
+    return text
+
+
+# --- code edits: knobs OpenRLHF has no flag for ------------------------------------------------------------
+
+def edit_function(source: str, function: str, lines: list[str]) -> str:
+    """`source` with `lines` inserted just before the last `return` of `function` (e.g. OpenRLHF's
+    get_train_ds_config, which builds the DeepSpeed config memfit cannot reach with a flag)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as e:
+        raise MemfitError(f"cannot read the Python source to edit: {e}") from None
+    node = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == function), None)
+    ret = next((n for n in reversed(node.body) if isinstance(n, ast.Return)), None) if node else None
+    if ret is None:
+        raise MemfitError(f"no function {function}() ending in a return statement in that source")
+    text = source.splitlines(keepends=True)
+    indent = text[ret.lineno - 1][:ret.col_offset]
+    added = [f"{indent}{line}\n" for line in lines]
+    return "".join(text[:ret.lineno - 1] + added + text[ret.lineno - 1:])

@@ -1,0 +1,60 @@
+"""Terminal tables for multi-model runs (memfit/roles/estimate.py MultiEstimate). Reads results; computes nothing."""
+from __future__ import annotations
+
+from memfit.breakdown import CATEGORIES
+from memfit.interfaces.render.tables import VERDICT_STYLE, _console, gib
+
+SHORT = {"weights": "weights", "gradients": "grads", "optimizer_states": "optim", "activations": "activ",
+         "logits_loss": "logits", "engine_buffers": "buffers", "runtime_overhead": "runtime"}
+
+
+def print_roles(e) -> None:
+    from rich.table import Table
+
+    con = _console()
+    roles = Table(title=f"{e.method}: roles")
+    for col in ("role", "model", "process", "GPU group", "trains", "placement", "rows x seq", "active GiB/GPU",
+                "host GiB/node"):
+        roles.add_column(col)
+    for r in e.roles:
+        roles.add_row(r.role, r.model, r.process, r.group, "yes" if r.trains else "no", r.engine,
+                      f"{r.rows} x {r.seq_len}" if r.rows else "", gib(r.active.total), gib(r.host_per_node))
+    con.print(roles)
+    for g in e.groups:
+        _print_group(con, g, worst=g.name == e.worst_group)
+    if e.drivers:
+        con.print("[bold]what drives the peak[/] (GiB): " + "; ".join(f"{k} {gib(v)}" for k, v in e.drivers.items()))
+    if e.gpus_needed > e.scenario.world_size:
+        con.print(f"[bold red]placement needs {e.gpus_needed} GPUs[/], the hardware has {e.scenario.world_size}")
+
+
+def _print_group(con, g, worst: bool) -> None:
+    from rich.table import Table
+
+    verdict = "oom" if g.margin_bytes < 0 else "fits"
+    mark = f"  [{VERDICT_STYLE[verdict]}]{'OVERFLOWS' if verdict == 'oom' else 'fits'}[/]" + \
+        ("  <- worst GPU" if worst else "")
+    t = Table(title=f"GPU group '{g.name}' ({g.gpus} GPUs, {len(g.processes)} processes per GPU): per-GPU sum by "
+                    f"role at the peak moment '{g.peak_moment}', device total GiB")
+    t.add_column("role")
+    for c in CATEGORIES:
+        t.add_column(SHORT[c], justify="right")
+    t.add_column("total", justify="right")
+    roles = g.moments[g.peak_moment]
+    for role, b in roles.items():
+        t.add_row(role, *(gib(b.get(c)) for c in CATEGORIES), gib(b.total))
+    t.add_row("[bold]sum[/]", *(gib(sum(b.get(c) for b in roles.values())) for c in CATEGORIES),
+              f"[bold]{gib(g.peak)}[/]")
+    con.print(t)
+    m = Table(title=f"GPU group '{g.name}': per-GPU device total by moment, GiB")
+    m.add_column("moment")
+    for role in g.roles:
+        m.add_column(role, justify="right")
+    m.add_column("sum", justify="right")
+    for moment, by_role in g.moments.items():
+        peak = " <- peak" if moment == g.peak_moment else ""
+        m.add_row(moment + peak, *(gib(by_role[r].total) if r in by_role else "" for r in g.roles),
+                  gib(sum(b.total for b in by_role.values())))
+    con.print(m)
+    con.print(f"group '{g.name}': peak {gib(g.peak)} of {gib(g.capacity)} GiB, margin {gib(g.margin_bytes)} GiB"
+              + mark)

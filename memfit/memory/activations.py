@@ -1,0 +1,277 @@
+"""Activation and logits/loss bytes of one micro-batch, from what the HF modeling code saves for backward.
+
+Source: ../shared/reference/knobs.md C (read from transformers' modeling_llama.py, sdpa_attention.py,
+masking_utils.py, loss_utils.py; TRL's chunked loss; Liger's fused linear cross entropy), D (PEFT).
+Every term is "bytes per token" (or per token x key for attention scores) times the token count.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memfit.memory.inventory import ParamTensor
+from memfit.facts.scenario import Scenario
+
+LIGER_CHUNK_ROUND = 2  # chunk rows are rounded to a power of two: at most 2x n_tok*h logits per chunk
+TRL_CHUNK_TOKENS = 256  # trl sft_trainer _CHUNKED_LM_HEAD_CHUNK_SIZE
+TORCHTUNE_CHUNKS = 8  # torchtune CEWithChunkedOutputLoss num_output_chunks
+
+
+@dataclass
+class Activations:
+    """Bytes of activations for one micro-batch on one rank."""
+
+    layer_saved: int  # what one un-checkpointed decoder layer keeps for backward
+    layer_checkpoint: int  # what one checkpointed layer keeps (its input)
+    checkpointed_layers: int
+    plain_layers: int
+    outside_layers: int  # saved by embedding, final norm, lm_head input
+    shared_masks: int  # attention masks built once per forward and shared by the layers
+    layer_forward_transient: int  # peak temporaries inside one layer's forward
+    layer_backward_transient: int  # gradient temporaries while one layer runs backward
+    logits_forward_peak: int
+    logits_saved: int
+    logits_backward_peak: int
+    logits_grad: int = 0  # the logits' gradient in their own dtype, alive while the head computes its grads
+    host_offloaded: int = 0  # checkpoints kept in host RAM (offloaded / unsloth checkpointing)
+
+    @property
+    def saved_total(self) -> int:
+        return (self.layer_saved * self.plain_layers + self.layer_checkpoint * self.checkpointed_layers
+                + self.outside_layers + self.shared_masks)
+
+    @property
+    def output_grad(self) -> int:
+        """The gradient of one layer's output, alive while that layer runs its backward."""
+        return self.layer_checkpoint if self.checkpointed_layers else 0
+
+    @property
+    def recompute(self) -> int:
+        """A checkpointed layer recomputes its whole saved set during backward."""
+        return self.layer_saved if self.checkpointed_layers else 0
+
+
+def residual_bytes(s: Scenario) -> int:
+    """dtype of the residual stream: fp32 when the embedding weight is fp32 (an fp32 run, an fp32
+    trainable embedding under autocast, or PEFT's kbit upcast), else the compute dtype."""
+    if s.precision == "fp32":
+        return 4
+    if s.tuning == "qlora" and s.kbit_upcast:
+        return 4
+    fp32_master_in_module = s.precision.endswith("mixed") and s.engine != "deepspeed"
+    return 4 if fp32_master_in_module and s.tuning == "full" else s.compute_bytes
+
+
+def _has_mask(s: Scenario) -> bool:
+    """A padded batch carries padding positions, so transformers builds an attention mask."""
+    return s.padding == "padded"
+
+
+def _attention_per_token(s: Scenario, b: int) -> tuple[int, int, int]:
+    """(saved bytes per token, saved bytes per token per key position, transient per token per key).
+
+    The kernel's output is saved by the kernel and, in its [B,T,H,d] layout, is o_proj's input too."""
+    m = s.model
+    q = m.num_heads * m.head_dim
+    kv = m.num_kv_heads * m.head_dim
+    lse = 4 * m.num_heads
+    repeated = q if m.num_kv_heads != m.num_heads else kv
+    if s.attention == "flash":  # q, k, v (native GQA), out, fp32 logsumexp; unpadding adds a copy and an index
+        return b * (q + 2 * kv + q) + lse + (b * m.hidden_size + 8 if _has_mask(s) else 0), 0, 0
+    if s.attention == "sdpa" and not _has_mask(s):  # no mask, enable_gqa: the flash kernel
+        return b * (q + 2 * kv + q) + lse, 0, 0
+    if s.attention == "sdpa":  # bool mask -> mem-efficient kernel over repeat_kv'd k, v
+        return b * (q + 2 * repeated + q) + lse, 0, 0
+    # eager: q and repeated k for QK^T, fp32 softmax output and its bf16 cast for PV, repeated v (the
+    # contiguous copy of the output is o_proj's input, counted with the Linear inputs); attention dropout
+    # keeps a bool mask per score
+    if not m.eager_repeats_kv:
+        repeated = kv
+    dropout_mask = 1 if m.dropout > 0 else 0
+    per_key_saved = m.num_heads * (4 + b + (b if m.attn_softcap else 0) + dropout_mask)  # softcap: tanh output
+    per_key_transient = m.num_heads * (m.eager_score_bytes or b + b + 4)  # scores, masked scores, fp32 softmax
+    return b * (q + 2 * repeated), per_key_saved, per_key_transient
+
+
+def _adapted(s: Scenario, adapters: list[ParamTensor]) -> dict[str, tuple[int, float]]:
+    """module name -> (rank, adapters per layer; experts count by the share of tokens routed to them)."""
+    layers = max(s.model.num_layers, 1)
+    out: dict[str, tuple[int, float]] = {}
+    for t in adapters:
+        if t.name.endswith("lora_A") and t.per_layer:
+            share = s.model.experts_per_token / s.model.num_experts if ".experts." in t.name else 1.0
+            rank, count = out.get(t.module, (t.out_features, 0.0))
+            out[t.module] = (rank, count + share * t.count / layers)
+    return out
+
+
+def _group_inputs(s: Scenario, b: int, rb: int, adapters: list[ParamTensor]) -> tuple[int, int]:
+    """Bytes per token that the Linears of one layer save of their inputs (PEFT lora/layer.py Linear.forward:
+    lora_A saves what it reads, B saves A's rank-wide output). Returns (norm-fed groups, other groups).
+
+    A trainable Linear saves its input once per group of modules reading it; under autocast an fp32 input is
+    cast per module. A LoRA adapter whose dtype differs from its input casts it (PEFT), and autocast casts
+    it back: each such adapter saves a private copy. A frozen, unadapted Linear saves nothing."""
+    m = s.model
+    adapted = _adapted(s, adapters)
+    ab = s.adapter_bytes
+    trainable_base = s.tuning in ("full", "freeze")
+    # old bitsandbytes MatMul4Bit kept its input A on ctx for every 4-bit Linear, frozen or not
+    saves_input = trainable_base or (s.tuning == "qlora" and s.bnb_saves_input)
+    autocast = s.runs_autocast
+    groups = {"attn_in": ({"q", "k", "v"}, m.hidden_size, rb), "o": ({"o"}, m.num_heads * m.head_dim, b),
+              "mlp_in": ({"gate", "up", "fc"}, m.hidden_size, rb), "down": ({"down", "proj"}, m.intermediate_size, b)}
+    totals = {}
+    for name, (roles, width, xb) in groups.items():
+        modules = [mod for mod, r in m.linear_names.items() if set(r) & roles]
+        cost = 0.0
+        shared = False
+        if saves_input:
+            if autocast and xb == 4:
+                cost += 2 * width * len(modules)  # each Linear's bf16 autocast copy
+            else:
+                shared = True
+        for mod in modules:
+            if mod not in adapted:
+                continue
+            rank, count = adapted[mod]
+            cost += count * rank * (b if autocast else ab)
+            if s.lora.dropout > 0:
+                cost += count * width  # bool mask
+            if ab != xb and not (s.tuning == "qlora" and autocast):
+                cost += count * width * (2 if autocast else ab)  # private cast copy
+            else:
+                shared = True
+        routed = name == "down" and s.model.is_moe  # MoE down inputs are the routed copies, counted there
+        if shared and not (name == "o" and s.attention != "eager") and not routed:
+            cost += width * xb  # saved once (o's input is the kernel output, already saved)
+        totals[name] = cost
+    return int(totals["attn_in"] + totals["mlp_in"]), int(totals["o"] + totals["down"])
+
+
+def _norm_per_token(s: Scenario, b: int, rb: int) -> int:
+    """HF RMSNorm saves an fp32 copy of its input (the input itself when already fp32) and, when its weight
+    trains, the normalized tensor in the input dtype; LayerNorm saves its input and two fp32 stats."""
+    m = s.model
+    h = m.hidden_size
+    trains = s.tuning in ("full", "freeze")
+    if m.norm == "rms":
+        return 4 * h + ((4 if m.norm_fp32_scale else rb) * h if trains else 0)
+    return rb * h + 8
+
+
+MOE_INDEX_BYTES_PER_PAIR = 36  # per (token, expert): int64 top-k index, sort and inverse permutations, weight
+
+
+def _moe_per_token(s: Scenario, b: int) -> int:
+    """One MoE block, per token (transformers 5.x grouped experts, traced): each of the k routed copies keeps
+    its gathered input, gate_up output, act(gate), down input and the down output kept by the routing-weight
+    multiply; the router keeps an fp32 softmax; a shared expert saves like a dense gated MLP."""
+    m = s.model
+    h, f, k = m.hidden_size, m.moe_intermediate_size or m.intermediate_size, m.experts_per_token
+    trains = s.tuning in ("full", "freeze")
+    pair = b * (2 * h + 4 * f) if trains else b * (h + 3 * f)
+    fs = m.shared_expert_intermediate_size or m.extra.get("n_shared_experts", 0) * f
+    gate = b * h + b if m.extra.get("shared_expert_gate") or m.arch == "qwen2_moe" else 0
+    return k * (pair + MOE_INDEX_BYTES_PER_PAIR) + 4 * m.num_experts + (4 if trains else 3) * fs * b + gate
+
+
+def _expert_lora_deltas(s: Scenario, b: int, adapters: list[ParamTensor]) -> int:
+    """PEFT adapts transformers 5's stacked expert weights through target_parameters: it builds the whole
+    delta B @ A per expert weight and keeps it for backward, a weight-sized tensor per layer (traced)."""
+    if not s.model.is_moe:
+        return 0
+    adapted = {t.module for t in adapters if ".experts." in t.name}
+    from memfit.memory.inventory import base_tensors
+
+    per_layer = sum(t.numel * t.count for t in base_tensors(s.model)
+                    if ".experts." in t.name and t.module in adapted and t.kind == "linear")
+    return per_layer * b // max(s.model.num_layers, 1)
+
+
+def _layer_per_token(s: Scenario, b: int, rb: int, adapters) -> int:
+    m = s.model
+    h, ffn = m.hidden_size, m.intermediate_size
+    norms = _norm_per_token(s, b, rb) * m.norms_per_layer + (4 * m.norms_per_layer if m.norm == "rms" else 0)
+    attn, _, _ = _attention_per_token(s, b)
+    norm_fed, others = _group_inputs(s, b, rb, adapters)
+    # MLP intermediates other than down's input: gate out (SiLU), SiLU out and up out (the product);
+    # plain MLPs: fc out (GELU); down's input is counted with the Linear inputs
+    mlp = _moe_per_token(s, b) if m.is_moe else b * ffn * (3 if m.mlp == "gated" else 1)
+    mlp += 2 * h if m.dropout > 0 else 0  # residual dropouts after attention and MLP: bool masks
+    if m.qk_norm != "none":
+        attn += (4 + b) * (m.num_heads + m.num_kv_heads) * m.head_dim
+    return norms + attn + norm_fed + others + mlp
+
+
+def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
+    m = s.model
+    b = s.compute_bytes
+    rb = residual_bytes(s)
+    n = s.tokens_per_micro_batch
+    rows, t = s.micro_batch, s.seq_len
+    _, per_key_saved, per_key_transient = _attention_per_token(s, b)
+    layer_saved = n * _layer_per_token(s, b, rb, adapters) + rows * t * t * per_key_saved
+    layer_saved += _expert_lora_deltas(s, b, adapters)
+    masks = 0
+    if s.attention == "eager":
+        masks = rows * t * t * b  # 4D float mask (masking_utils eager_mask)
+    elif s.attention == "sdpa" and _has_mask(s):
+        masks = rows * t * t  # 4D bool mask
+        layer_saved += rows * t * t * b  # the mem-efficient kernel saves it as a bias in compute dtype
+    ckpt_layers, plain_layers = _checkpoint_split(s)
+    offloaded = s.checkpointing in ("offload", "unsloth")
+    checkpoint = n * rb * m.hidden_size
+    v = m.vocab_size
+    logits_fwd, logits_saved, logits_bwd = _logits(s, n, v, b)
+    h = m.hidden_size
+    return Activations(
+        layer_saved=layer_saved,
+        layer_checkpoint=0 if offloaded else checkpoint,
+        checkpointed_layers=ckpt_layers,
+        plain_layers=plain_layers,
+        outside_layers=n * (_norm_per_token(s, b, rb) + (b * h if s.tuning == "full" else 0)  # final norm, head input
+                            + (h if m.dropout > 0 else 0)),  # embedding dropout mask
+        shared_masks=masks,
+        layer_forward_transient=n * b * max(4 * h, 2 * m.intermediate_size) + rows * t * t * per_key_transient,
+        # eager backward: the fp32 softmax gradient outlives the saved probabilities it replaces
+        layer_backward_transient=n * b * (3 * m.intermediate_size + 2 * h)
+        + rows * t * t * (4 * m.num_heads if s.attention == "eager" else 0),
+        logits_forward_peak=logits_fwd,
+        logits_saved=logits_saved,
+        logits_backward_peak=logits_bwd,
+        logits_grad=n * v * (4 if s.precision == "fp32" else b) if s.loss == "standard" else 0,
+        host_offloaded=checkpoint * ckpt_layers if offloaded else 0,
+    )
+
+
+def _checkpoint_split(s: Scenario) -> tuple[int, int]:
+    # freeze tuning: no gradient reaches the frozen layers below the trainable ones, so they save nothing
+    layers = s.freeze_trainable_layers if s.tuning == "freeze" else s.model.num_layers
+    if s.checkpointing == "off":
+        return 0, layers
+    if s.checkpointing == "every_n":
+        ck = -(-layers // s.checkpoint_every_n)
+        return ck, layers - ck
+    return layers, 0
+
+
+def _logits(s: Scenario, n: int, v: int, b: int) -> tuple[int, int, int]:
+    """(forward peak, saved after forward, backward peak) of lm_head output + loss."""
+    h = s.model.hidden_size
+    lb = 4 if (s.precision == "fp32" or s.tuning == "qlora" and s.kbit_upcast) else b
+    up = 0 if lb == 4 else 4  # ForCausalLMLoss upcasts logits to fp32 unless they already are
+    if s.loss == "liger":
+        chunk = min(n, LIGER_CHUNK_ROUND * -(-n // max(1, -(-v // h))))
+        grads = n * h * b + (v * h * 4 if s.tuning == "full" else 0)
+        return chunk * v * (lb + 4) + grads, grads, grads
+    if s.loss == "chunked_nll":
+        c = min(n, TRL_CHUNK_TOKENS)
+        return c * v * (lb + up + 4), 0, c * v * (lb + up + 8)
+    if s.loss == "chunked_output":
+        c = -(-n // TORCHTUNE_CHUNKS)
+        return n * v * (lb + 4) + c * v * up, n * v * 4, n * v * 4 + c * v * (8 + lb)
+    # standard: bf16 logits + fp32 copy + fp32 log_softmax output; backward: saved log_softmax,
+    # the dense nll grad and the log_softmax grad alive together. Soft-capped logits (Gemma 2) keep the
+    # tanh output for backward.
+    cap = n * v * lb if s.model.logit_softcap else 0
+    return n * v * (lb + up + 4) + cap, n * v * 4 + cap, n * v * 12 + cap

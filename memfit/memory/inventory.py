@@ -1,0 +1,275 @@
+"""Every parameter tensor of a model, with shape facts, owning module, and trainability.
+
+Tensors that repeat in each decoder layer are listed once with `count = num_layers`, so the whole
+inventory of a 70B model is a few dozen rows. Trainability and LoRA adapters come from the tuning.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from memfit.facts.catalog import ModelSpec
+from memfit.errors import MemfitError
+
+# Which roles a Linear computes and its (in, out) widths; fused modules sum the outputs.
+ATTENTION_ROLES = ("q", "k", "v", "o")
+MLP_ROLES = ("gate", "up", "down", "fc", "proj")
+
+
+@dataclass(frozen=True)
+class ParamTensor:
+    name: str
+    numel: int
+    count: int = 1  # identical tensors, e.g. one per decoder layer
+    kind: str = "linear"  # linear | bias | norm | embedding | lm_head | router | lora
+    module: str = ""  # the module the tensor belongs to (LoRA target names refer to it)
+    in_features: int = 0
+    out_features: int = 0
+    per_layer: bool = False
+    trainable: bool = True
+    quantized: bool = False  # stored 4-bit (QLoRA or a GPTQ checkpoint)
+    layer_index: int | None = None  # set by freeze tuning: which layers train
+
+    @property
+    def total(self) -> int:
+        return self.numel * self.count
+
+
+def _role_width(model: ModelSpec, role: str, ffn: int) -> tuple[int, int]:
+    h, d = model.hidden_size, model.head_dim
+    return {
+        "q": (h, model.num_heads * d),
+        "k": (h, model.num_kv_heads * d),
+        "v": (h, model.num_kv_heads * d),
+        "o": (model.num_heads * d, h),
+        "gate": (h, ffn),
+        "up": (h, ffn),
+        "fc": (h, ffn),
+        "down": (ffn, h),
+        "proj": (ffn, h),
+    }[role]
+
+
+def _bias_for(model: ModelSpec, roles: list[str]) -> bool:
+    if set(roles) <= {"q", "k", "v"}:
+        return model.qkv_bias
+    if roles == ["o"]:
+        return model.o_bias
+    return model.mlp_bias
+
+
+def _linears(model: ModelSpec, names: dict, roles_wanted: tuple[str, ...], ffn: int, prefix: str,
+             count: int) -> list[ParamTensor]:
+    out = []
+    excluded = {"fc", "proj"} if model.mlp == "gated" else {"gate", "up"}
+    for module, roles in names.items():
+        if not set(roles) <= set(roles_wanted) or set(roles) & excluded:
+            continue
+        widths = [_role_width(model, r, ffn) for r in roles]
+        fan_in = widths[0][0]
+        fan_out = sum(w[1] for w in widths)
+        out.append(ParamTensor(f"{prefix}{module}.weight", fan_in * fan_out, count, "linear", module,
+                               fan_in, fan_out, per_layer=True))
+        if _bias_for(model, list(roles)):
+            out.append(ParamTensor(f"{prefix}{module}.bias", fan_out, count, "bias", module, per_layer=True))
+    return out
+
+
+def _norm_tensors(model: ModelSpec, name: str, width: int, count: int, per_layer: bool) -> list[ParamTensor]:
+    if model.norm == "none":
+        return []
+    tensors = [ParamTensor(f"{name}.weight", width, count, "norm", name.split(".")[-1], per_layer=per_layer)]
+    if model.norm == "layer":
+        tensors.append(ParamTensor(f"{name}.bias", width, count, "norm", name.split(".")[-1], per_layer=per_layer))
+    return tensors
+
+
+def _layer_tensors(model: ModelSpec, count: int, prefix: str = "layers.*.") -> list[ParamTensor]:
+    names = model.linear_names
+    h, d = model.hidden_size, model.head_dim
+    tensors = _linears(model, names, ATTENTION_ROLES, model.intermediate_size, prefix + "attn.", count)
+    if model.is_moe:
+        experts = count * model.num_experts
+        ffn = model.moe_intermediate_size or model.intermediate_size
+        tensors += _linears(model, names, MLP_ROLES, ffn, prefix + "experts.*.", experts)
+        tensors.append(ParamTensor(prefix + "router.weight", h * model.num_experts, count, "router", "gate",
+                                   h, model.num_experts, per_layer=True))
+        if model.shared_expert_intermediate_size:
+            tensors += _linears(model, names, MLP_ROLES, model.shared_expert_intermediate_size,
+                                prefix + "shared_expert.", count)
+            if model.extra.get("shared_expert_gate"):
+                tensors.append(ParamTensor(prefix + "shared_expert_gate.weight", h, count, "router",
+                                           "shared_expert_gate", h, 1, per_layer=True))
+    else:
+        tensors += _linears(model, names, MLP_ROLES, model.intermediate_size, prefix + "mlp.", count)
+    for i in range(model.norms_per_layer):
+        tensors += _norm_tensors(model, f"{prefix}norm{i}", h, count, True)
+    if model.qk_norm == "head":
+        tensors += [ParamTensor(prefix + "q_norm.weight", d, count, "norm", "q_norm", per_layer=True),
+                    ParamTensor(prefix + "k_norm.weight", d, count, "norm", "k_norm", per_layer=True)]
+    elif model.qk_norm == "full":
+        tensors += [ParamTensor(prefix + "q_norm.weight", model.num_heads * d, count, "norm", "q_norm", per_layer=True),
+                    ParamTensor(prefix + "k_norm.weight", model.num_kv_heads * d, count, "norm", "k_norm",
+                                per_layer=True)]
+    return tensors
+
+
+def _encoder_decoder_tensors(model: ModelSpec) -> list[ParamTensor]:
+    """T5-style: encoder layers (self-attn + FFN, 2 norms), decoder layers (+ cross-attn, 3 norms)."""
+    extra = model.extra
+    dec_layers = extra.get("num_decoder_layers", model.num_layers)
+    buckets = extra.get("relative_attention_num_buckets", 32)
+    h = model.hidden_size
+    enc = _linears(model, model.linear_names, ATTENTION_ROLES + MLP_ROLES, model.intermediate_size,
+                   "encoder.*.", model.num_layers)
+    enc += _norm_tensors(model, "encoder.*.norm", h, 2 * model.num_layers, True)
+    dec = _linears(model, model.linear_names, ATTENTION_ROLES, model.intermediate_size, "decoder.*.cross.",
+                   dec_layers)
+    dec += _linears(model, model.linear_names, ATTENTION_ROLES + MLP_ROLES, model.intermediate_size,
+                    "decoder.*.", dec_layers)
+    dec += _norm_tensors(model, "decoder.*.norm", h, 3 * dec_layers, True)
+    rel = [ParamTensor(f"{side}.relative_attention_bias", buckets * model.num_heads, 1, "embedding", side)
+           for side in ("encoder", "decoder")]
+    finals = _norm_tensors(model, "encoder.final_norm", h, 1, False) + _norm_tensors(model, "decoder.final_norm",
+                                                                                     h, 1, False)
+    return enc + dec + rel + finals
+
+
+def base_tensors(model: ModelSpec) -> list[ParamTensor]:
+    """All parameters of the pretrained model, every one marked trainable (full fine-tuning)."""
+    h, v = model.hidden_size, model.vocab_size
+    tensors = [ParamTensor("embed_tokens.weight", v * h, 1, "embedding", "embed_tokens", h, v)]
+    if model.position == "learned":
+        if not model.max_position_embeddings:
+            raise MemfitError(f"{model.id}: learned positions need max_position_embeddings")
+        tensors.append(ParamTensor("embed_positions.weight", model.max_position_embeddings * h, 1, "embedding",
+                                   "embed_positions"))
+    if model.embedding_norm:
+        tensors += _norm_tensors(model, "embed_norm", h, 1, False)
+    if model.encoder_decoder:
+        tensors += _encoder_decoder_tensors(model)
+    elif model.attention == "mla":  # issue 6: DeepSeek-V2/V3 (MLA attention, dense-first layers, shared experts)
+        tensors += mla_layer_tensors(model)
+        tensors += _norm_tensors(model, "final_norm", h, 1, False)
+    else:
+        tensors += _layer_tensors(model, model.num_layers)
+        if model.final_norm:
+            tensors += _norm_tensors(model, "final_norm", h, 1, False)
+    if not model.tie_embeddings:
+        tensors.append(ParamTensor("lm_head.weight", v * h, 1, "lm_head", "lm_head", h, v))
+    if model.lm_head_bias:
+        tensors.append(ParamTensor("lm_head.bias", v, 1, "bias", "lm_head"))
+    return tensors
+
+
+def count_params(model: ModelSpec) -> int:
+    return sum(t.total for t in base_tensors(model))
+
+
+def _targeted(t: ParamTensor, targets: tuple[str, ...], model: ModelSpec) -> bool:
+    if t.kind != "linear":
+        return t.kind == "lm_head" and "lm_head" in targets
+    if "all-linear" in targets or "all" in targets:
+        return True  # PEFT's all-linear: every Linear except the output head
+    roles = model.linear_names.get(t.module, [])
+    return t.module in targets or any(r in targets for r in roles)
+
+
+def lora_tensors(model: ModelSpec, tensors: list[ParamTensor], rank: int, targets: tuple[str, ...],
+                 dora: bool) -> list[ParamTensor]:
+    """PEFT LoRA: A (rank x in) and B (out x rank) per adapted Linear; DoRA adds a magnitude vector."""
+    adapters = []
+    for t in tensors:
+        if not _targeted(t, targets, model):
+            continue
+        adapters.append(ParamTensor(f"{t.name}.lora_A", rank * t.in_features, t.count, "lora", t.module,
+                                    t.in_features, rank, t.per_layer))
+        adapters.append(ParamTensor(f"{t.name}.lora_B", rank * t.out_features, t.count, "lora", t.module,
+                                    rank, t.out_features, t.per_layer))
+        if dora:
+            adapters.append(ParamTensor(f"{t.name}.lora_magnitude", t.out_features, t.count, "lora", t.module,
+                                        per_layer=t.per_layer))
+    if not adapters:
+        valid = sorted(set(model.linear_names) | {"all-linear", "lm_head"})
+        raise MemfitError(f"LoRA targets {list(targets)} match no module of {model.id}; valid: {', '.join(valid)}")
+    return adapters
+
+
+def _freeze_split(tensors: list[ParamTensor], model: ModelSpec, trainable_layers: int) -> list[ParamTensor]:
+    """Freeze tuning (LLaMA-Factory): only the last `trainable_layers` decoder layers train."""
+    if not 0 < trainable_layers <= model.num_layers:
+        raise MemfitError(f"freeze tuning: trainable layers must be in 1..{model.num_layers}, got {trainable_layers}")
+    out = []
+    for t in tensors:
+        if not t.per_layer:
+            out.append(replace(t, trainable=False))
+            continue
+        frozen = t.count * (model.num_layers - trainable_layers) // model.num_layers
+        out.append(replace(t, count=frozen, trainable=False))
+        out.append(replace(t, count=t.count - frozen, trainable=True))
+    return [t for t in out if t.count]
+
+
+def tuned_tensors(model: ModelSpec, tuning: str, rank: int = 8, targets: tuple[str, ...] = ("all-linear",),
+                  dora: bool = False, trainable_layers: int = 2) -> list[ParamTensor]:
+    """The inventory after applying the tuning method: frozen base, trainable parts, adapters."""
+    tensors = base_tensors(model)
+    if tuning == "full":
+        return tensors
+    if tuning == "freeze":
+        return _freeze_split(tensors, model, trainable_layers)
+    quantize = tuning == "qlora" or model.quantization is not None
+    frozen = [replace(t, trainable=False, quantized=quantize and t.kind == "linear" and t.per_layer)
+              for t in tensors]
+    return frozen + lora_tensors(model, tensors, rank, targets, dora)
+
+
+# ---------------------------------------------------------------------------------------------- MLA (issue 6)
+# DeepSeek-V2 / V3 decoder layers: multi-head latent attention, the first `first_k_dense_replace` layers dense, the
+# rest MoE with shared experts. Source: transformers models/deepseek_v3/modeling_deepseek_v3.py (DeepseekV3Attention,
+# DeepseekV3MoE, DeepseekV3TopkRouter; V2 is the same parameter layout). Keys beyond ModelSpec live in `model.extra`.
+def _mla_attention(model: ModelSpec, count: int, prefix: str) -> list[ParamTensor]:
+    x = model.extra
+    h, heads = model.hidden_size, model.num_heads
+    rope, nope, v = x["qk_rope_head_dim"], x["qk_nope_head_dim"], x["v_head_dim"]
+    q_rank, kv_rank = x.get("q_lora_rank") or 0, x["kv_lora_rank"]
+    out: list[ParamTensor] = []
+
+    def linear(name: str, fan_in: int, fan_out: int, bias: bool = False) -> None:
+        out.append(ParamTensor(f"{prefix}{name}.weight", fan_in * fan_out, count, "linear", name, fan_in, fan_out,
+                               per_layer=True))
+        if bias:
+            out.append(ParamTensor(f"{prefix}{name}.bias", fan_out, count, "bias", name, per_layer=True))
+
+    if q_rank:
+        linear("q_a_proj", h, q_rank, model.qkv_bias)
+        out.append(ParamTensor(f"{prefix}q_a_layernorm.weight", q_rank, count, "norm", "q_a_layernorm", per_layer=True))
+        linear("q_b_proj", q_rank, heads * (nope + rope))
+    else:
+        linear("q_proj", h, heads * (nope + rope))
+    linear("kv_a_proj_with_mqa", h, kv_rank + rope, model.qkv_bias)
+    out.append(ParamTensor(f"{prefix}kv_a_layernorm.weight", kv_rank, count, "norm", "kv_a_layernorm", per_layer=True))
+    linear("kv_b_proj", kv_rank, heads * (nope + v))
+    linear("o_proj", heads * v, h, model.o_bias)
+    return out
+
+
+def mla_layer_tensors(model: ModelSpec) -> list[ParamTensor]:
+    """Every decoder layer of a DeepSeek-V2/V3 model (attention = "mla")."""
+    layers, h, x = model.num_layers, model.hidden_size, model.extra
+    dense = min(x.get("first_k_dense_replace", 0), layers) if model.is_moe else layers
+    moe = layers - dense
+    names = model.linear_names
+    tensors = _mla_attention(model, layers, "layers.*.attn.")
+    if dense:
+        tensors += _linears(model, names, MLP_ROLES, model.intermediate_size, "dense_layers.*.mlp.", dense)
+    if moe:
+        ffn = model.moe_intermediate_size or model.intermediate_size
+        tensors += _linears(model, names, MLP_ROLES, ffn, "moe_layers.*.experts.*.", moe * model.num_experts)
+        tensors.append(ParamTensor("moe_layers.*.router.weight", h * model.num_experts, moe, "router", "gate", h,
+                                   model.num_experts, per_layer=True))
+        shared = model.shared_expert_intermediate_size or x.get("n_shared_experts", 0) * ffn
+        if shared:
+            tensors += _linears(model, names, MLP_ROLES, shared, "moe_layers.*.shared_experts.", moe)
+    for i in range(model.norms_per_layer):
+        tensors += _norm_tensors(model, f"layers.*.norm{i}", h, layers, True)
+    return tensors

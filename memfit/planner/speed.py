@@ -1,0 +1,348 @@
+"""Step-time model, used only to RANK configurations that fit; it does not promise seconds.
+
+One optimizer step = `grad_accum` micro-steps + once-per-step work. Each part is a time from a count
+(FLOPs or bytes) over a rate from the catalog; every rate is an assumption in catalog/speed.toml.
+
+Per micro-step, on one GPU:
+- matmuls: forward 2 FLOPs per weight per token; backward 2 for the input gradient (through frozen
+  weights too, down to the lowest trainable layer) + 2 for the weight gradient of trainable weights only.
+  So full fine-tuning is 6 x params x tokens, a frozen base under LoRA 4x plus 6x the adapters, freeze
+  tuning 2x everywhere plus 4x in the trained top layers. MoE experts count at experts_per_token /
+  num_experts. lm_head is a matmul even when tied. Time = FLOPs / (bf16 TFLOP/s x MFU per GPU x a
+  small-batch factor tokens / (tokens + half_efficiency_tokens)); fp32 runs at a fraction of the rate.
+- attention: causal 2·B·T²·(heads·head_dim) FLOPs per layer forward with flash kernels (masked half
+  skipped), twice that for eager / masked SDPA; backward 2.5x (flash) or 2x; eager also moves the T x T
+  scores through memory (bytes / bandwidth), which is what makes it slow at long sequences.
+- recompute under checkpointing: one more forward (matmuls + attention + element-wise) of each
+  checkpointed layer.
+- memory-bound work: element-wise ops per token per layer, the loss over tokens x vocab (standard
+  cross entropy moves ~28 B per logit, Liger's fused loss ~8), QLoRA dequantization of each 4-bit
+  weight in forward, backward and recompute.
+- collectives of a micro-step: ZeRO-2 reduce-scatters gradients; ZeRO-3 and FSDP full_shard all-gather
+  parameters in forward and again in backward and reduce-scatter gradients (≈ 3x parameter bytes);
+  FSDP shard_grad_op gathers once. Ring traffic (N-1)/N x bytes over interconnect_gbps/2 (one
+  direction) x a link efficiency, the slower inter-node link when nodes > 1; only an `exposed`
+  fraction is not hidden behind compute.
+- offload transfers of a micro-step: gradients to the host (optimizer offload), parameters from the
+  host for each gather (ZeRO-3 offload_param, FSDP CPU offload), offloaded checkpoints down and up; at
+  a host-link rate that halves without pinned memory.
+
+Once per step:
+- collectives: DDP / ZeRO-0 all-reduce gradients (2x gradient bytes); ZeRO-1 reduce-scatter +
+  all-gather (2x); ZeRO-2 all-gathers the updated parameters (1x).
+- optimizer: on the GPU memory-bound (bytes per parameter by optimizer), over the rank's partition;
+  offloaded: DeepSpeedCPUAdam (or torch AdamW on CPU for FSDP) over the partitions of every rank of the
+  node at a per-node rate, plus the updated 16-bit parameters sent back up. `ratio` keeps a share of the
+  sub-groups on the GPU. `optimizer_in_backward` hides part of the GPU step behind backward.
+
+Throughput counts real tokens: a padded batch of several rows is `padded_fill` real tokens, packed and
+padding-free batches are full. Tokens per second are for the whole job (all GPUs).
+
+Not modeled (equal for the configurations a plan compares, or outside its search): kernel-launch and
+Python overheads, the data loader, torch.compile, tensor / pipeline / sequence parallelism, MoE
+all-to-all. Generation (vLLM) and the extra models of preference / RL methods are in speed_roles.py,
+built on `nograd_forward_seconds`, `gather_seconds` and `host_link_bytes_per_second` below.
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from functools import cache
+
+from memfit.facts.catalog import HERE, ModelSpec
+from memfit.memory.inventory import tuned_tensors
+from memfit.facts.scenario import LoraConfig, Scenario
+
+GB = 1e9
+NF4_BYTES = 0.5625  # 4-bit + fp32 absmax per 64 (knobs.md D); only to size ZeRO-3 gathers of QLoRA bases
+
+
+@cache
+def assumptions() -> dict:
+    with open(HERE / "speed.toml", "rb") as f:
+        return tomllib.load(f)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    seconds: float  # one optimizer step (all micro-batches)
+    tokens_per_second: float  # real tokens per second, whole job
+    tokens_per_step: int  # real tokens per optimizer step, whole job
+    breakdown: dict[str, float] = field(default_factory=dict)  # seconds per part, summing to `seconds`
+
+    def to_json(self) -> dict:
+        return {"step_seconds": self.seconds, "tokens_per_second": self.tokens_per_second,
+                "tokens_per_step": self.tokens_per_step, "breakdown_seconds": dict(self.breakdown)}
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameter counts the FLOP and traffic terms need (MoE experts scaled to the active share)."""
+
+    layer_matmul: int  # active Linear weights inside decoder layers
+    layer_matmul_trainable: int
+    head: int  # lm_head matmul (vocab x hidden), tied or not
+    head_trainable: bool
+    adapters: int  # LoRA parameters (active)
+    total: int  # every base parameter (gathered by ZeRO-3 / FSDP)
+    trainable: int
+    quantized: int  # 4-bit stored parameters
+    backward_layer_fraction: float  # share of decoder layers backward runs through
+
+
+@cache
+def param_counts(model: ModelSpec, tuning: str, lora: LoraConfig | None, trainable_layers: int) -> ParamCounts:
+    tensors = tuned_tensors(model, tuning, lora.rank if lora else 8, lora.targets if lora else (),
+                            lora.dora if lora else False, trainable_layers)
+    expert_share = model.experts_per_token / model.num_experts if model.is_moe else 1.0
+
+    def active(t) -> float:
+        return t.total * (expert_share if ".experts." in t.name else 1.0)
+
+    layer = [t for t in tensors if t.per_layer and t.kind in ("linear", "router")]
+    head_trainable = any(t.trainable for t in tensors if t.kind == "lm_head" or
+                         (model.tie_embeddings and t.kind == "embedding" and t.module == "embed_tokens"))
+    fraction = trainable_layers / model.num_layers if tuning == "freeze" else 1.0
+    return ParamCounts(
+        layer_matmul=int(sum(active(t) for t in layer)),
+        layer_matmul_trainable=int(sum(active(t) for t in layer if t.trainable)),
+        head=model.vocab_size * model.hidden_size,
+        head_trainable=head_trainable,
+        adapters=int(sum(active(t) for t in tensors if t.kind == "lora")),
+        total=sum(t.total for t in tensors if t.kind != "lora"),
+        trainable=sum(t.total for t in tensors if t.trainable),
+        quantized=sum(t.total for t in tensors if t.quantized),
+        backward_layer_fraction=min(1.0, fraction),
+    )
+
+
+def _checkpointed_fraction(s: Scenario) -> float:
+    if s.checkpointing == "off":
+        return 0.0
+    if s.checkpointing == "every_n":
+        layers = s.model.num_layers
+        return -(-layers // s.checkpoint_every_n) / layers
+    return 1.0
+
+
+def _padding_fill(s: Scenario) -> float:
+    if s.padding != "padded" or s.micro_batch == 1:
+        return 1.0
+    return assumptions()["data"]["padded_fill"]
+
+
+def _rates(s: Scenario) -> tuple[float, float]:
+    """(matmul FLOP/s, memory-bound bytes/s) for this GPU at this micro-batch."""
+    a = assumptions()
+    gpu = s.hardware.gpu
+    mfu = a["mfu"].get(gpu.id, a["mfu"]["default"])
+    tokens = s.tokens_per_micro_batch
+    small_batch = tokens / (tokens + a["compute"]["half_efficiency_tokens"])
+    flops = max(gpu.bf16_tflops, 1.0) * 1e12 * mfu * small_batch
+    if s.precision == "fp32":
+        flops *= a["compute"]["fp32_rate_fraction"]
+    bandwidth = max(gpu.memory_bandwidth_gbps, 1.0) * GB * a["compute"]["bandwidth_efficiency"]
+    return flops, bandwidth
+
+
+def _micro_compute(s: Scenario, p: ParamCounts) -> dict[str, float]:
+    """Seconds of GPU work in one micro-step: matmuls, attention, recompute, memory-bound kernels."""
+    a = assumptions()
+    flop_rate, bandwidth = _rates(s)
+    m = s.model
+    n = s.tokens_per_micro_batch
+    ck = _checkpointed_fraction(s) * p.backward_layer_fraction  # only layers backward reaches recompute
+    bwd = p.backward_layer_fraction
+    layer_fwd = 2 * p.layer_matmul
+    forward = layer_fwd + 2 * p.head + 2 * p.adapters
+    backward = (2 * p.layer_matmul * bwd + 2 * p.layer_matmul_trainable + 2 * p.head
+                + (2 * p.head if p.head_trainable else 0) + 4 * p.adapters)
+    if s.loss == "chunked_nll":
+        forward += 2 * p.head  # TRL checkpoints each lm_head chunk: its forward runs again in backward
+    parts = {
+        "matmul": n * (forward + backward) / flop_rate,
+        "recompute": n * ck * (layer_fwd + 2 * p.adapters) / flop_rate,
+    }
+    # attention: per layer, T x T per row
+    at = a["attention"]
+    rows, t = s.micro_batch, s.seq_len
+    width = m.num_heads * m.head_dim
+    causal_fwd = 2 * rows * t * t * width  # flash skips the masked half of QK^T and PV
+    masked = s.padding == "padded" and s.micro_batch > 1
+    layers = m.num_layers
+    if s.attention == "flash" or (s.attention == "sdpa" and not masked):
+        eff = at["flash"] if s.attention == "flash" else at["sdpa"]
+        passes = 1 + at["flash_backward_factor"] * bwd + ck
+        attn = layers * causal_fwd * passes / (flop_rate * eff)
+    else:
+        eff = at["sdpa_masked"] if s.attention == "sdpa" else 1.0
+        passes = 1 + at["eager_backward_factor"] * bwd + ck
+        attn = layers * 2 * causal_fwd * passes / (flop_rate * eff)
+        if s.attention == "eager":
+            scores = rows * m.num_heads * t * t
+            attn += layers * scores * at["eager_bytes_per_score"] * (1 + ck / 3) / bandwidth
+    parts["attention"] = attn
+    c = a["compute"]
+    parts["elementwise"] = (n * layers * m.hidden_size * c["elementwise_bytes_per_token_layer_hidden"]
+                            * (1 / 3 + 2 / 3 * bwd + ck / 3) / bandwidth)  # forward ~1/3 of the traffic
+    parts["loss"] = n * m.vocab_size * a["loss"][s.loss] / bandwidth
+    if p.quantized:
+        passes = 1 + bwd + ck
+        parts["dequant"] = p.quantized * a["quantization"]["dequant_bytes_per_param"] * passes / bandwidth
+    return parts
+
+
+def _link_bytes_per_second(s: Scenario) -> float:
+    a = assumptions()["comm"]
+    gpu = s.hardware.gpu
+    eff = a["efficiency"].get(gpu.interconnect, a["efficiency"]["default"])
+    rate = gpu.interconnect_gbps / 2 * eff  # catalog figure is bidirectional
+    if s.hardware.nodes > 1:
+        rate = min(rate, a["internode_gbps"])
+    return max(rate, 0.1) * GB
+
+
+def _sharding(s: Scenario) -> str:
+    if s.engine == "deepspeed":
+        return f"zero{s.deepspeed.stage}"
+    if s.engine == "fsdp":
+        return s.fsdp.strategy
+    return s.engine  # single / ddp
+
+
+def _grad_bytes(s: Scenario) -> int:
+    """dtype of the gradients that travel: fp32 when plain torch trains fp32 weights under autocast."""
+    if s.precision == "fp32":
+        return 4
+    if s.engine in ("single", "ddp") and s.precision.endswith("mixed") and s.tuning in ("full", "freeze"):
+        return 4
+    return 2
+
+
+def _collectives(s: Scenario, p: ParamCounts) -> tuple[float, float]:
+    """(seconds per micro-step, seconds per step) of exposed collective traffic."""
+    n = s.world_size
+    if n == 1:
+        return 0.0, 0.0
+    ring = (n - 1) / n / _link_bytes_per_second(s)
+    kind = _sharding(s)
+    exposed = assumptions()["comm"]["exposed"].get(kind, 0.5)
+    weights = p.quantized * NF4_BYTES + (p.total - p.quantized) * s.compute_bytes
+    grads = p.trainable * _grad_bytes(s)
+    per_micro = per_step = 0.0
+    if kind in ("ddp", "zero0", "no_shard", "zero1"):  # all-reduce, or reduce-scatter + all-gather
+        per_step = 2 * grads
+    elif kind == "zero2":
+        per_micro, per_step = grads, grads
+    elif kind in ("zero3", "full_shard", "hybrid_shard"):
+        per_micro = 2 * weights + grads
+    elif kind == "shard_grad_op":
+        per_micro = weights + grads
+    return per_micro * ring * exposed, per_step * ring * exposed
+
+
+def _host_link(s: Scenario, pinned: bool) -> float:
+    o = assumptions()["offload"]
+    gbps = o["host_link_gbps"].get(s.hardware.gpu.id, o["host_link_gbps"]["default"])
+    return gbps * GB * (1.0 if pinned else o["pageable_fraction"])
+
+
+def _ratio_gpu_share(s: Scenario, psi: int) -> float:
+    """Share of the optimizer partition DeepSpeed keeps on the GPU under `ratio`: the first
+    floor((1 - ratio) * S) of S sub-groups (the rule memfit/memory/states.py models)."""
+    ds = s.deepspeed
+    part = -(-psi // s.world_size)
+    groups = max(1, -(-part // ds.sub_group_size))
+    return int((1 - ds.ratio) * groups) / groups
+
+
+def _optimizer_and_offload(s: Scenario, p: ParamCounts, bandwidth: float) -> tuple[dict[str, float], dict[str, float]]:
+    """(per micro-step, per step) seconds of optimizer work and host transfers."""
+    a = assumptions()
+    o = a["offload"]
+    n, g = s.world_size, s.hardware.gpus_per_node
+    kind = _sharding(s)
+    sharded = kind not in ("single", "ddp", "zero0", "no_shard")
+    local = p.trainable / n if sharded else p.trainable
+    gpu_bytes = a["optimizer"].get(s.optimizer, 28)
+    micro: dict[str, float] = {}
+    step: dict[str, float] = {}
+    host_share = 0.0
+    if s.engine == "deepspeed" and s.deepspeed.offload_optimizer != "none":
+        ds = s.deepspeed
+        host_share = 1.0 - (_ratio_gpu_share(s, p.trainable) if ds.stage == 3 else 0.0)
+        link = _host_link(s, ds.pin_memory)
+        micro["offload_transfer"] = local * host_share * 2 / link * o["exposed_transfer"]  # bf16 grads down
+        step["offload_transfer"] = local * host_share * 2 / link  # updated bf16 params up
+        step["cpu_optimizer"] = p.trainable * host_share * g / n / o["cpu_adam_params_per_second"]
+    elif s.engine == "fsdp" and s.fsdp.cpu_offload:
+        host_share = 1.0
+        link = _host_link(s, True)
+        fetch = 2 * (p.total / n) * s.compute_bytes / link * o["exposed_param_fetch"]
+        micro["offload_transfer"] = fetch + local * 4 / link * o["exposed_transfer"]
+        step["cpu_optimizer"] = p.trainable * g / n / o["torch_cpu_adam_params_per_second"]
+    if s.engine == "deepspeed" and s.deepspeed.offload_param != "none":
+        fetch = 2 * (p.total / n) * s.compute_bytes / _host_link(s, True)  # always pinned (states.py)
+        micro["offload_transfer"] = micro.get("offload_transfer", 0.0) + fetch * o["exposed_param_fetch"]
+    gpu_step = local * (1.0 - host_share) * gpu_bytes / bandwidth
+    if s.optimizer_in_backward:
+        gpu_step *= 1.0 - a["optimizer"]["in_backward_hidden"]
+    step["optimizer"] = gpu_step
+    if s.checkpointing in ("offload", "unsloth"):
+        ckpt_bytes = (s.tokens_per_micro_batch * s.model.hidden_size * s.compute_bytes * s.model.num_layers
+                      * _checkpointed_fraction(s))
+        micro["activation_offload"] = 2 * ckpt_bytes / _host_link(s, s.checkpointing == "offload") \
+            * o["exposed_activation_offload"]
+    return micro, step
+
+
+def nograd_forward_seconds(s: Scenario) -> float:
+    """One no-grad forward of a micro-batch (a reference / reward / rollout log-prob pass): the forward
+    share of the matmuls, attention and element-wise work of `_micro_compute`, no backward, no recompute."""
+    p = param_counts(s.model, "full", None, s.model.num_layers)
+    flop_rate, bandwidth = _rates(s)
+    m, at = s.model, assumptions()["attention"]
+    n = s.tokens_per_micro_batch
+    matmul = n * (2 * p.layer_matmul + 2 * p.head) / flop_rate
+    causal = 2 * s.micro_batch * s.seq_len ** 2 * m.num_heads * m.head_dim * m.num_layers
+    if s.attention == "eager":
+        attn = 2 * causal / flop_rate + m.num_layers * s.micro_batch * m.num_heads * s.seq_len ** 2 \
+            * at["eager_bytes_per_score"] / 3 / bandwidth
+    else:
+        attn = causal / (flop_rate * (at["flash"] if s.attention == "flash" else at["sdpa"]))
+    c = assumptions()["compute"]
+    elementwise = n * m.num_layers * m.hidden_size * c["elementwise_bytes_per_token_layer_hidden"] / 3 / bandwidth
+    return matmul + attn + elementwise
+
+
+def gather_seconds(s: Scenario, param_bytes: float) -> float:
+    """Exposed time of one ZeRO-3 / FSDP all-gather of `param_bytes` over the ring (0 on one GPU)."""
+    n = s.world_size
+    if n == 1:
+        return 0.0
+    exposed = assumptions()["comm"]["exposed"].get(_sharding(s), 0.5)
+    return param_bytes * (n - 1) / n / _link_bytes_per_second(s) * exposed
+
+
+def host_link_bytes_per_second(s: Scenario, pinned: bool = True) -> float:
+    return _host_link(s, pinned)
+
+
+def step_time(s: Scenario) -> StepTime:
+    p = param_counts(s.model, s.tuning, s.lora, s.freeze_trainable_layers)
+    _, bandwidth = _rates(s)
+    micro = _micro_compute(s, p)
+    comm_micro, comm_step = _collectives(s, p)
+    micro["collectives"] = comm_micro
+    off_micro, step = _optimizer_and_offload(s, p, bandwidth)
+    for k, v in off_micro.items():
+        micro[k] = micro.get(k, 0.0) + v
+    step["collectives"] = comm_step
+    accum = s.grad_accum
+    breakdown = {k: v * accum for k, v in micro.items()}
+    for k, v in step.items():
+        breakdown[k] = breakdown.get(k, 0.0) + v
+    seconds = sum(breakdown.values())
+    tokens = int(s.tokens_per_micro_batch * _padding_fill(s) * accum * s.world_size)
+    return StepTime(seconds=seconds, tokens_per_second=tokens / seconds, tokens_per_step=tokens,
+                    breakdown={k: v for k, v in breakdown.items() if v > 0})
