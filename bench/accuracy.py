@@ -50,6 +50,8 @@ from memfit.breakdown import Breakdown, PhaseProfile  # noqa: E402
 from memfit.facts.catalog import ModelSpec, find_gpu, find_model  # noqa: E402
 from memfit.errors import MemfitError  # noqa: E402
 from memfit.memory.estimate import Estimate, estimate  # noqa: E402
+from memfit.facts.knobs import acting_when, knobs  # noqa: E402
+from memfit.facts.methods import framework_facts, several_models  # noqa: E402
 from memfit.facts.profiles import build_scenario  # noqa: E402
 from memfit.roles.estimate import estimate_roles  # noqa: E402
 from memfit.facts.scenario import Hardware, Scenario  # noqa: E402
@@ -289,10 +291,20 @@ def _plain(obj):
 # model's architecture and the GPU's compute capability (CudaTarget.for_gpu), so knobs the trace never
 # reads (RL roles, host RAM, GPU memory size, ...) can be added to Scenario without re-tracing. When the
 # trace code starts reading something new, its hash changes, every entry is marked stale, and the new
-# input belongs in this list.
-TRACE_INPUTS = ("tuning", "lora", "precision", "runs_autocast", "adapter_dtype", "optimizer", "engine",
-                "deepspeed", "fsdp", "checkpointing", "checkpoint_every_n", "reentrant", "attention", "padding",
+# input belongs in this list. Knobs that act only under another engine or without adapters are left out
+# (memfit/facts/data/knobs.toml `when`): their values change no traced tensor.
+TRACE_INPUTS = ("tuning", "lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "dora", "precision",
+                "runs_autocast", "adapter_dtype", "optimizer", "engine", *acting_when("deepspeed"),
+                *acting_when("fsdp"), "checkpointing", "checkpoint_every_n", "reentrant", "attention", "padding",
                 "loss", "micro_batch", "seq_len", "freeze_trainable_layers", "kbit_upcast", "double_quant")
+# the DPO trace also reads the method, the reference model it builds and its framework's facts
+DPO_TRACE_INPUTS = ("method", "ref_model", "precompute_ref_log_probs", "ref_offload")
+
+
+def _acts(scenario: Scenario, name: str) -> bool:
+    when = knobs().get(name).when if name in knobs() else None
+    return {"deepspeed": scenario.engine == "deepspeed", "fsdp": scenario.engine == "fsdp",
+            "adapters": scenario.uses_adapters}.get(when, True)
 
 
 # ModelSpec facts that only the analytic model reads (the trace takes them from transformers' own config
@@ -301,13 +313,11 @@ ANALYTIC_ONLY_MODEL_FACTS = ("norm_fp32_scale", "attn_softcap", "logit_softcap",
 
 
 def fingerprint(scenario: Scenario) -> str:
-    doc = {name: _plain(getattr(scenario, name, None)) for name in TRACE_INPUTS}
-    if scenario.method not in ("sft", "pt"):  # the DPO trace also reads the method, its framework facts and RL knobs
-        from memfit.roles.memory import framework_facts
-
+    doc = {name: _plain(getattr(scenario, name)) for name in TRACE_INPUTS if _acts(scenario, name)}
+    if several_models(scenario.method):
         fw = framework_facts(scenario.profile)
-        doc |= {"method": scenario.method, "rl": _plain(scenario.rl),
-                "framework": {k: fw[k] for k in ("lora_ref", "logits")}}
+        doc |= {name: _plain(getattr(scenario, name)) for name in DPO_TRACE_INPUTS}
+        doc["framework"] = {k: fw[k] for k in ("lora_ref", "logits")}
     model = _plain(scenario.model)
     if isinstance(model, dict):
         model = {k: v for k, v in model.items() if k not in ANALYTIC_ONLY_MODEL_FACTS}

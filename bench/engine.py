@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from memfit.facts.catalog import ModelSpec, architectures, find_gpu
 from memfit.errors import MemfitError
-from memfit.facts.scenario import DeepSpeedConfig, FsdpConfig, Hardware, LoraConfig, Scenario
+from memfit.facts.scenario import Hardware, Scenario
 
 GIB = 2**30
 MIB = 2**20
@@ -55,15 +55,16 @@ def scenario(spec: ModelSpec, engine: str = "deepspeed", stage: int = 2, offload
              ratio: float = 1.0, sub_group: int | None = None, lora: bool = False, ga: int = 1) -> Scenario:
     h = spec.hidden_size
     hw = Hardware(gpu=find_gpu("a100-80gb"), gpus_per_node=2)
-    ds = None
+    knobs: dict = {}
     if engine == "deepspeed":
-        # HF Trainer "auto" fills (knobs.md A.3): bucket h*h, prefetch 0.9*h*h, persistence 10*h
-        ds = DeepSpeedConfig(stage=stage, offload_optimizer=offload, pin_memory=pin, ratio=ratio,
-                             reduce_bucket_size=h * h, prefetch_bucket_size=int(0.9 * h * h),
-                             param_persistence_threshold=10 * h, sub_group_size=sub_group or 1_000_000_000)
-    return Scenario(model=spec, hardware=hw, engine=engine, deepspeed=ds,
-                    fsdp=FsdpConfig() if engine == "fsdp" else None,
-                    tuning="lora" if lora else "full", lora=LoraConfig(rank=16) if lora else None,
+        # HF Trainer "auto" fills (docs/knobs.md A.3): bucket h*h, prefetch 0.9*h*h, persistence 10*h
+        knobs = dict(zero_stage=stage, offload_optimizer=offload, pin_memory=pin, ratio=ratio,
+                     reduce_bucket_size=h * h, prefetch_bucket_size=int(0.9 * h * h),
+                     param_persistence_threshold=10 * h, sub_group_size=sub_group or 1_000_000_000)
+    elif engine == "fsdp":
+        knobs = dict(fsdp_strategy="full_shard")
+    return Scenario(model=spec, hardware=hw, engine=engine, **knobs,
+                    tuning="lora" if lora else "full", lora_rank=16,
                     precision="bf16-mixed", optimizer="adamw-fused", micro_batch=MICRO_BATCH, seq_len=SEQ,
                     grad_accum=ga)
 
@@ -92,12 +93,11 @@ def label(s: Scenario) -> str:
         return f"{s.method} " + label(s.with_changes(method="sft"))
     if s.engine != "deepspeed":
         return {"fsdp": "fsdp2 full_shard"}.get(s.engine, s.engine)
-    ds = s.deepspeed
-    text = f"z{ds.stage}"
-    if ds.offload_optimizer != "none":
-        text += " off" + ("" if ds.pin_memory else " nopin")
-    if ds.ratio < 1:
-        text += f" r{ds.ratio:g}/sg{ds.sub_group_size // 1000}k"
+    text = f"z{s.zero_stage}"
+    if s.offload_optimizer != "none":
+        text += " off" + ("" if s.pin_memory else " nopin")
+    if s.ratio < 1:
+        text += f" r{s.ratio:g}/sg{s.sub_group_size // 1000}k"
     return text
 
 

@@ -141,13 +141,12 @@ def model_counts(spec: ModelSpec) -> ModelCounts:
 def _sharding(s: Scenario) -> tuple[str, int, bool, bool, bool]:
     """(estimator, GPUs sharding states, optimizer offload, param offload, zero.Init)."""
     if s.engine == "deepspeed":
-        ds = s.deepspeed
-        opt_off, par_off = ds.offload_optimizer != "none", ds.offload_param != "none"
-        if ds.stage == 3:
-            return "zero3", s.world_size, opt_off, par_off, ds.zero3_init
-        return "zero2", s.world_size if ds.stage >= 1 else 1, opt_off, False, False
-    if s.engine == "fsdp" and s.fsdp.strategy != "no_shard":
-        off = s.fsdp.cpu_offload
+        opt_off, par_off = s.offload_optimizer != "none", s.offload_param != "none"
+        if s.zero_stage == 3:
+            return "zero3", s.world_size, opt_off, par_off, s.zero3_init
+        return "zero2", s.world_size if s.zero_stage >= 1 else 1, opt_off, False, False
+    if s.engine == "fsdp" and s.fsdp_strategy != "no_shard":
+        off = s.fsdp_cpu_offload
         return "zero3", s.world_size, off, off, True
     return "zero2", 1, False, False, False
 
@@ -170,7 +169,7 @@ def deepspeed_peer(s: Scenario, counts: ModelCounts) -> PeerResult:
     applies = s.tuning == "full"
     if not applies:
         notes.insert(0, f"n/a {s.tuning}")
-    if s.engine == "deepspeed" and s.deepspeed.stage == 1:
+    if s.zero_stage == 1:
         notes.append("zero1 as zero2")
     return PeerResult(int(gpu), applies, "; ".join(notes))
 
@@ -193,7 +192,7 @@ def accelerate_peer(s: Scenario, counts: ModelCounts) -> PeerResult:
 def llm_analysis_request(s: Scenario) -> dict:
     m = s.model
     which, gpus, opt_off, par_off, _ = _sharding(s)
-    stage = s.deepspeed.stage if s.engine == "deepspeed" else (3 if which == "zero3" else 0)
+    stage = s.zero_stage if s.engine == "deepspeed" else (3 if which == "zero3" else 0)
     ffn = m.moe_intermediate_size if m.is_moe and m.moe_intermediate_size else m.intermediate_size
     ffn = ffn or 4 * m.hidden_size
     pure = s.precision.endswith("-pure")
@@ -278,7 +277,7 @@ def llm_analysis_peer(s: Scenario, req: dict, result: dict | str) -> PeerResult:
 
 # ---------------------------------------------------------------------------------------------- rows
 def _describe(s: Scenario) -> str:
-    eng = s.engine if s.engine != "deepspeed" else f"zero{s.deepspeed.stage}"
+    eng = s.engine if s.engine != "deepspeed" else f"zero{s.zero_stage}"
     return (f"{s.model.id.split('/')[-1]} {s.tuning} {s.precision} {eng}x{s.world_size} {s.attention} "
             f"ckpt={s.checkpointing} b{s.micro_batch}x{s.seq_len}")
 

@@ -43,7 +43,7 @@ from memfit.facts.catalog import find_gpu, find_model  # noqa: E402
 from memfit.errors import MemfitError  # noqa: E402
 from memfit.planner.search import Options, PlanRow, closest_miss, estimate_any, judge, plan, speed_of  # noqa: E402
 from memfit.facts.profiles import build_scenario  # noqa: E402
-from memfit.facts.scenario import Hardware, LoraConfig  # noqa: E402
+from memfit.facts.scenario import Hardware  # noqa: E402
 
 DEFAULT_CASES = HERE.parent.parent / "shared" / "cases" / "user-reports.jsonl"
 TOP = 3
@@ -52,7 +52,7 @@ RATIO_SUB_GROUP = 100_000_000  # the sub_group_size tests/test_user_reports.py g
 
 
 def _ds(**kw):
-    return lambda s: s.with_changes(deepspeed=replace(s.deepspeed, **kw))
+    return lambda s: s.with_changes(**kw)
 
 
 # What each OOM report's maintainers said to change: (words, "does this plan row make it?", the fix
@@ -60,14 +60,14 @@ def _ds(**kw):
 FIXES = {
     "report-qwen2-7b-4x4090-z3": [
         ("Adam offload (offload_optimizer cpu)",
-         lambda s: s.deepspeed is not None and s.deepspeed.offload_optimizer == "cpu",
+         lambda s: s.engine == "deepspeed" and s.offload_optimizer == "cpu",
          _ds(offload_optimizer="cpu")),
         ("LoRA", lambda s: s.tuning == "lora",
-         lambda s: s.with_changes(tuning="lora", lora=LoraConfig(rank=16))),
+         lambda s: s.with_changes(tuning="lora", lora_rank=16)),
     ],
     "report-llama31-8b-lora-7x4090-ddp": [
-        ("ZeRO-3", lambda s: s.deepspeed is not None and s.deepspeed.stage == 3,
-         lambda s: build_scenario(s.model, s.hardware, {"tuning": "lora", "lora_rank": s.lora.rank,
+        ("ZeRO-3", lambda s: s.zero_stage == 3,
+         lambda s: build_scenario(s.model, s.hardware, {"tuning": "lora", "lora_rank": s.lora_rank,
                                                         "micro_batch": s.micro_batch, "grad_accum": s.grad_accum,
                                                         "seq_len": s.seq_len, "precision": s.precision,
                                                         "zero_stage": 3}, s.profile)),
@@ -75,13 +75,13 @@ FIXES = {
          lambda s: s.with_changes(micro_batch=2, grad_accum=s.micro_batch * s.grad_accum // 2)),
     ],
     "report-qwen25-72b-offload-pinned": [
-        ("pin_memory false", lambda s: s.deepspeed is not None and not s.deepspeed.pin_memory,
+        ("pin_memory false", lambda s: s.engine == "deepspeed" and not s.pin_memory,
          _ds(pin_memory=False)),
-        ("ratio 0.9", lambda s: s.deepspeed is not None and s.deepspeed.ratio == 0.9,
+        ("ratio 0.9", lambda s: s.engine == "deepspeed" and s.ratio == 0.9,
          _ds(ratio=0.9, sub_group_size=RATIO_SUB_GROUP)),
     ],
     "report-qwen25-72b-offload-unpinned-resume": [
-        ("ratio 0.9", lambda s: s.deepspeed is not None and s.deepspeed.ratio == 0.9,
+        ("ratio 0.9", lambda s: s.engine == "deepspeed" and s.ratio == 0.9,
          _ds(ratio=0.9, sub_group_size=RATIO_SUB_GROUP)),
     ],
     "report-glm4-9b-dpo-eager": [
@@ -124,11 +124,11 @@ def report_scenario(case: dict):
     s = scenario_for(case)
     if case.get("host_ram_value"):
         unit = 1e9 if (case.get("host_ram_unit") or "GB").upper() == "GB" else 2**30
-        s = s.with_changes(hardware=replace(s.hardware, host_ram_bytes=int(case["host_ram_value"] * unit)))
+        s = s.with_changes(hardware=replace(s.hardware, host_ram=int(case["host_ram_value"] * unit)))
     offload = (case.get("offload") or "").replace(" ", "").lower()
-    if s.deepspeed is not None and "pin_memory=" in offload:
+    if s.engine == "deepspeed" and "pin_memory=" in offload:
         s = _ds(pin_memory="pin_memory=true" in offload)(s)
-    if s.deepspeed is not None and "ratio=" in offload:
+    if s.engine == "deepspeed" and "ratio=" in offload:
         s = _ds(ratio=float(offload.split("ratio=")[1].split(",")[0]), sub_group_size=RATIO_SUB_GROUP)(s)
     return s
 
@@ -203,12 +203,11 @@ def _fix(base, fix, rows, options) -> dict:
 def _unsaved_gpu_adam(s) -> int:
     """Host bytes per node memfit's resume counts for the Adam moments of the sub-groups `ratio` keeps on the
     GPU: DeepSpeed steps those with its backup torch AdamW, whose state the checkpoint does not hold."""
-    ds = s.deepspeed
-    if ds is None or ds.ratio >= 1.0 or ds.offload_optimizer == "none":
+    if s.engine != "deepspeed" or s.ratio >= 1.0 or s.offload_optimizer == "none":
         return 0
     part = -(-estimate_any(s).trainable_params // s.world_size)
-    groups = -(-part // ds.sub_group_size)
-    on_gpu = int((1 - ds.ratio) * groups)  # stage3.py: sub-group i stays on the GPU iff i < int((1 - ratio) * S)
+    groups = -(-part // s.sub_group_size)
+    on_gpu = int((1 - s.ratio) * groups)  # stage3.py: sub-group i stays on the GPU iff i < int((1 - ratio) * S)
     return 8 * part * on_gpu // groups * s.hardware.gpus_per_node
 
 
@@ -217,7 +216,7 @@ def _why_not(base, fixes: list[dict], options) -> str:
     the report's OOM and its fix (the layout is an assumption; it is not tuned to make the row pass)."""
     hw = base.hardware
     parts = [f"{f['fix']}: {f['memfit_verdict']}, host {f['host_peak_gib']:,.0f} GiB at {f['host_peak_phase']} "
-             f"({f['host_short_gib']:,.0f} GiB over {_gib(hw.host_ram_bytes)})" if f["host_short_gib"]
+             f"({f['host_short_gib']:,.0f} GiB over {_gib(hw.host_ram)})" if f["host_short_gib"]
              else f"{f['fix']}: {f['memfit_verdict']}, {f['device_peak_gib']:.1f} GiB/GPU" for f in fixes]
     for f in fixes:
         unsaved = _unsaved_gpu_adam(f["apply"](base))
@@ -286,7 +285,7 @@ def _parsed(imported, written: Path) -> str:
 def stress_times() -> list[tuple[str, float, int]]:
     out = []
     for name, model, gpu, gpus, profile, knobs, host in STRESS:
-        hw = Hardware(gpu=find_gpu(gpu), gpus_per_node=gpus, host_ram_bytes=host)
+        hw = Hardware(gpu=find_gpu(gpu), gpus_per_node=gpus, host_ram=host)
         s = build_scenario(find_model(model), hw, knobs, profile)
         rows, seconds = timed_plan(s, {"lora", "qlora", "8bit"})
         out.append((name, seconds, len(rows)))

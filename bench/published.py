@@ -23,7 +23,9 @@ from memfit.errors import MemfitError  # noqa: E402
 from memfit.memory.estimate import estimate  # noqa: E402
 from memfit.facts.profiles import build_scenario  # noqa: E402
 from memfit.roles.estimate import estimate_roles  # noqa: E402
-from memfit.facts.scenario import MULTI_MODEL_METHODS, SINGLE_MODEL_METHODS, Hardware  # noqa: E402
+from memfit.facts.knobs import knob  # noqa: E402
+from memfit.facts.methods import several_models  # noqa: E402
+from memfit.facts.scenario import Hardware  # noqa: E402
 
 NUMERIC_BASES = ("allocated", "active", "reserved", "device_total", "unknown")
 # Which estimate profile answers each basis; "active" is torch's peak active bytes, about allocated;
@@ -75,7 +77,7 @@ def _method(text: str) -> tuple[str, str]:
     Preference / RL methods run several models (memfit/roles/estimate.py, issue 6)."""
     m = text.lower().strip()
     head = re.match(r"[a-z]+", m)
-    if head and head.group(0) in MULTI_MODEL_METHODS:
+    if head and head.group(0) in knob("method").choices and several_models(head.group(0)):
         inner = re.search(r"\((.*)\)", m)
         return head.group(0), inner.group(1) if inner else "full"
     return "sft", m
@@ -224,7 +226,7 @@ def evaluate(case: dict) -> Row:
     row = Row(case)
     try:
         s = scenario_for(case)
-        est = estimate(s) if s.method in SINGLE_MODEL_METHODS else estimate_roles(s)
+        est = estimate(s) if not several_models(s.method) else estimate_roles(s)
     except (Skip, MemfitError) as e:
         row.skip = str(e)
         return row

@@ -10,7 +10,7 @@ def scenario():
     """Build a Scenario the way the CLI does: model and GPU by name, knobs as the user says them."""
 
     def make(model="qwen2-7b-instruct", gpu="rtx4090", gpus=1, profile="hf-trainer", host_ram=None, **knobs):
-        hw = Hardware(gpu=find_gpu(gpu), gpus_per_node=gpus, host_ram_bytes=host_ram)
+        hw = Hardware(gpu=find_gpu(gpu), gpus_per_node=gpus, host_ram=host_ram)
         return build_scenario(find_model(model), hw, knobs, profile)
 
     return make

@@ -61,18 +61,19 @@ def test_local_config_of_a_supported_architecture_works(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, needle", [
     (BASE + ["--micro-batch", "0"], "--micro-batch must be a positive integer"),
-    (BASE + ["--seq", "-5"], "--seq must be a positive integer"),
+    (BASE + ["--seq", "-5"], "--seq-len/--seq must be a positive integer"),
+    (BASE + ["--micro-batch", "2.5"], "expected a whole number"),
     (BASE + ["--gpus", "0"], "--gpus"),
     (BASE + ["--gpu-mem", "-3GB"], "--gpu-mem"),
     (BASE + ["--gpu-mem", "lots"], "is not a size"),
     (BASE + ["--zero", "3", "--offload-optimizer", "cpu", "--ratio", "1.5"], "within [0, 1]"),
-    (BASE + ["--zero", "4"], "ZeRO stage 4 does not exist"),
+    (BASE + ["--zero", "4"], "--zero-stage/--zero must be within [0, 3], got 4"),
     (BASE + ["--gpus", "2", "--zero", "2", "--offload-optimizer", "cpu", "--ratio", "0.5"], "DeepSpeed rejects"),
     (BASE + ["--gpus", "2", "--zero", "2", "--offload-param", "cpu"], "DeepSpeed rejects offload_param"),
     (["estimate", "qwen2-7b", "--gpu", "v100-32gb", "--attn", "flash"], "flash-attention 2 rejects"),
     (["estimate", "qwen2-7b", "--gpu", "t4", "--precision", "bf16-mixed"], "no bf16 support"),
     (BASE + ["--tuning", "lora", "--lora-targets", "nonexistent_proj"], "match no module"),
-    (BASE + ["--attn", "magic"], "--attn 'magic' is not valid"),
+    (BASE + ["--attn", "magic"], "--attention/--attn 'magic' is not valid"),
     (BASE + ["--profile", "megatron"], "unknown framework profile"),
     (["estimate", "qwen2-7b"], "say which gpu"),
 ])

@@ -127,7 +127,7 @@ def test_grpo_has_no_critic_and_colocate_all_checks_engine_count(scenario):
 def test_sft_scenarios_reject_rl_knobs(scenario):
     with pytest.raises(MemfitError, match="--method"):
         scenario(model="qwen2-7b", ref_offload=True)
-    assert scenario(model="qwen2-7b").rl is None
+    assert scenario(model="qwen2-7b").ref_offload is False
 
 
 def test_cli_estimate_method_dpo_json(capsys):

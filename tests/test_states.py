@@ -2,13 +2,12 @@
 import pytest
 
 from memfit.memory.estimate import estimate
-from memfit.memory.inventory import count_params, tuned_tensors
+from memfit.memory.inventory import count_params, scenario_tensors
 from memfit.memory.states import model_states
 
 
 def _states(s):
-    tensors = tuned_tensors(s.model, s.tuning, s.lora.rank if s.lora else 8,
-                            s.lora.targets if s.lora else (), False, s.freeze_trainable_layers)
+    tensors = scenario_tensors(s)
     return tensors, model_states(s, tensors)
 
 
@@ -17,7 +16,7 @@ def test_zero3_model_states_are_16_bytes_per_param_over_gpus(scenario):
     s = scenario("qwen2-7b-instruct", gpus=4, profile="openrlhf", zero_stage=3, micro_batch=1, seq_len=128)
     tensors, ms = _states(s)
     phi = count_params(s.model)
-    persistent = sum(t.total for t in tensors if t.numel < s.deepspeed.param_persistence_threshold)
+    persistent = sum(t.total for t in tensors if t.numel < s.param_persistence_threshold)
     expected = 16 * phi / 4 + 2 * persistent
     got = ms.weights + ms.grads_after_backward + ms.optimizer
     assert got == pytest.approx(expected, rel=1e-3)
@@ -40,9 +39,9 @@ def test_zero2_replicates_bf16_params_and_partitions_the_rest(scenario):
 def test_hf_auto_fills_zero3_buckets_from_hidden_size(scenario):
     s = scenario("qwen2-7b-instruct", gpus=4, profile="hf-trainer", zero_stage=3)
     h = s.model.hidden_size
-    assert s.deepspeed.reduce_bucket_size == h * h
-    assert s.deepspeed.prefetch_bucket_size == int(0.9 * h * h)
-    assert s.deepspeed.param_persistence_threshold == 10 * h
+    assert s.reduce_bucket_size == h * h
+    assert s.prefetch_bucket_size == int(0.9 * h * h)
+    assert s.param_persistence_threshold == 10 * h
 
 
 def test_pure_bf16_foreach_adamw_peaks_at_10_bytes_per_param(scenario):
@@ -179,7 +178,7 @@ def test_zero1_offload_reduces_after_backward_with_every_full_grad_alive(scenari
 def test_zero3_keeps_a_tied_head_gathered_into_backward_even_when_frozen(scenario):
     # the tied head's weight is the embedding: fetched by the head and kept for its backward (measured
     # qwen2-25m LoRA ZeRO-3: + 2 B x vocab x hidden of gathered weights); the head is the first thing kept
-    from memfit.memory.states import _zero3_retained
+    from memfit.memory.states.deepspeed import zero3_retained as _zero3_retained
 
     s = scenario("qwen2-1.5b-instruct", gpus=2, zero_stage=3, tuning="lora", lora_rank=16)
     tensors, _ = _states(s)

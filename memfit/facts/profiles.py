@@ -1,19 +1,21 @@
 """Framework profiles: fill the knobs a user left unset with what that framework really does.
 
-Facts live in catalog/frameworks.toml; this module only applies them and records each default it
-took, so the output can say which assumptions the estimate rests on.
+Facts live in data/frameworks.toml; this module only applies them and records each default it took, so
+the output can say which assumptions the estimate rests on.
 """
 from __future__ import annotations
 
 import tomllib
 from functools import cache
 
-from memfit.facts.catalog import HERE, ModelSpec
 from memfit.errors import MemfitError
-from memfit.facts.scenario import DeepSpeedConfig, FsdpConfig, Hardware, LoraConfig, Scenario, rl_from_knobs
+from memfit.facts.catalog import HERE, ModelSpec
+from memfit.facts.engines import ENGINES
+from memfit.facts.engines.deepspeed import hf_auto_buckets
+from memfit.facts.knobs import acting_when, knobs
+from memfit.facts.scenario import Hardware, Scenario
 
-SCENARIO_KEYS = ("checkpointing", "reentrant", "attention", "precision", "adapter_dtype", "autocast", "optimizer",
-                 "loss", "padding", "low_cpu_mem_usage", "kbit_upcast")
+SINGLE_MODEL_METHODS = ("sft", "pt")
 
 
 @cache
@@ -29,27 +31,21 @@ def get_profile(name: str) -> dict:
     return table[name]
 
 
-def _zero_buckets(profile: dict, model: ModelSpec, stage: int) -> dict:
-    """DeepSpeed values for keys a framework writes as "auto" (knobs.md A.3)."""
-    if profile.get("zero_auto") != "hf":
-        return {}
-    h = model.hidden_size
-    filled = {"reduce_bucket_size": h * h}
-    if stage == 3:
-        filled |= {"prefetch_bucket_size": int(0.9 * h * h), "param_persistence_threshold": 10 * h}
-    return filled
+def zero_buckets(profile: dict, model: ModelSpec, stage: int) -> dict:
+    """DeepSpeed values for keys a framework writes as "auto" (docs/knobs.md A.3)."""
+    return hf_auto_buckets(model.hidden_size, stage) if profile.get("zero_auto") == "hf" else {}
 
 
-def _engine(knobs: dict, profile: dict, hardware: Hardware, assumed: list[str], name: str) -> str:
-    if knobs.get("engine"):
-        return knobs["engine"]
-    if knobs.get("zero_stage") is not None:
+def _engine(given: dict, profile: dict, hardware: Hardware, assumed: list[str], name: str) -> str:
+    if given.get("engine"):
+        return given["engine"]
+    if given.get("zero_stage") is not None:
         return "deepspeed"
-    if knobs.get("fsdp_strategy"):
+    if given.get("fsdp_strategy"):
         return "fsdp"
     if "zero_stage" in profile:
         assumed.append(f"engine=deepspeed ZeRO-{profile['zero_stage']} ({name} default)")
-        knobs["zero_stage"] = profile["zero_stage"]
+        given["zero_stage"] = profile["zero_stage"]
         return "deepspeed"
     if hardware.world_size > 1:
         assumed.append("engine=ddp (several GPUs, no ZeRO/FSDP given)")
@@ -57,51 +53,60 @@ def _engine(knobs: dict, profile: dict, hardware: Hardware, assumed: list[str], 
     return "single"
 
 
-def build_scenario(model: ModelSpec, hardware: Hardware, knobs: dict, profile_name: str = "hf-trainer") -> Scenario:
-    """`knobs` holds what the user said (None or absent = not said); the profile fills the rest."""
-    knobs = {k: v for k, v in knobs.items() if v is not None}
+def _unknown(given: dict) -> None:
+    unknown = sorted(set(given) - set(knobs()))
+    if unknown:
+        raise MemfitError(f"unknown knob {unknown[0]!r}; the knobs are listed by `memfit estimate --help`")
+
+
+def _engine_values(engine: str, given: dict, profile: dict, model: ModelSpec, assumed: list[str]) -> dict:
+    """The knobs of the engine in use; another engine's knobs the user gave do nothing, and we say so."""
+    values: dict = {}
+    for other, when in (("deepspeed", "deepspeed"), ("fsdp", "fsdp")):
+        stated = [k for k in acting_when(when) if k in given and given[k] != knobs()[k].default]
+        if other != engine and stated:
+            assumed.append(f"ignored {', '.join(knobs()[k].flag for k in stated)}: {other} settings, and the "
+                           f"engine is {engine}")
+    if engine == "deepspeed":
+        stage = given.get("zero_stage", 0)
+        values = {"zero_stage": stage, **zero_buckets(profile, model, stage)}
+        values |= {k: given[k] for k in acting_when("deepspeed") if k in given}
+    elif engine == "fsdp":
+        values = {"fsdp_strategy": given.get("fsdp_strategy", "full_shard")}
+        values |= {k: given[k] for k in acting_when("fsdp") if k in given and k != "fsdp_strategy"}
+    return values
+
+
+def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, profile_name: str = "hf-trainer") -> Scenario:
+    """`knobs_given` holds what the user said (None or absent = not said); the profile fills the rest."""
+    given = {k: v for k, v in knobs_given.items() if v is not None}
+    _unknown(given)
     profile = get_profile(profile_name)
     assumed: list[str] = []
-    values = {}
-    for key in SCENARIO_KEYS:
-        if key in knobs:
-            values[key] = knobs[key]
-        elif key in profile:
-            values[key] = profile[key]
-            if key not in ("low_cpu_mem_usage", "autocast", "kbit_upcast"):
-                assumed.append(f"{key}={profile[key]} ({profile_name} default)")
-    engine = _engine(knobs, profile, hardware, assumed, profile_name)
-    if engine == "fsdp" and "kbit_upcast" not in knobs:
-        values["kbit_upcast"] = False  # TRL skips prepare_model_for_kbit_training for sharded (FSDP) QLoRA
-    tuning = knobs.get("tuning", "full")
-    lora = None
-    if tuning in ("lora", "qlora"):
-        lora = LoraConfig(rank=knobs.get("lora_rank", 8), alpha=knobs.get("lora_alpha"),
-                          targets=tuple(knobs.get("lora_targets", ("all-linear",))), dora=knobs.get("dora", False),
-                          dropout=knobs.get("lora_dropout", 0.0))
-        if "lora_rank" not in knobs:
-            assumed.append("lora rank=8, targets=all-linear")
-    deepspeed = fsdp = None
-    if engine == "deepspeed":
-        stage = knobs.get("zero_stage", 0)
-        ds_knobs = {k: knobs[k] for k in DS_KEYS if k in knobs}
-        deepspeed = DeepSpeedConfig(stage=stage, **(_zero_buckets(profile, model, stage) | ds_knobs))
-    elif engine == "fsdp":
-        fsdp = FsdpConfig(strategy=knobs.get("fsdp_strategy", "full_shard"),
-                          cpu_offload=knobs.get("fsdp_cpu_offload", False))
-    return Scenario(
-        model=model, hardware=hardware, tuning=tuning, lora=lora, engine=engine, deepspeed=deepspeed, fsdp=fsdp,
-        micro_batch=knobs.get("micro_batch", 1), seq_len=knobs.get("seq_len", 2048),
-        grad_accum=knobs.get("grad_accum", 1), checkpoint_every_n=knobs.get("checkpoint_every_n", 1),
-        optimizer_in_backward=knobs.get("optimizer_in_backward", False),
-        bnb_saves_input=knobs.get("bnb_saves_input", False),
-        double_quant=knobs.get("double_quant", True), 
-        freeze_trainable_layers=knobs.get("freeze_trainable_layers", 2), method=knobs.get("method", "sft"),
-        profile=profile_name, assumed=tuple(assumed), **values,
-        rl=rl_from_knobs(knobs, knobs.get("method", "sft")),  # issue 6: preference / RL knobs (roles.py)
-    )
-
-
-DS_KEYS = ("offload_optimizer", "offload_param", "ratio", "pin_memory", "reduce_bucket_size", "overlap_comm",
-           "contiguous_gradients", "prefetch_bucket_size", "param_persistence_threshold", "max_live_parameters",
-           "sub_group_size", "grad_accum_dtype", "zero3_init")
+    values: dict = {}
+    for name, k in knobs().items():
+        if k.when in ("deepspeed", "fsdp") or name == "engine":
+            continue
+        if name in given:
+            values[name] = given[name]
+        elif k.profile and name in profile:
+            values[name] = profile[name]
+            if k.assumed:
+                assumed.append(f"{name}={profile[name]} ({profile_name} default)")
+    method = values.get("method", "sft")
+    several = [n for n in acting_when("several") if n in given]
+    if method in SINGLE_MODEL_METHODS and several:
+        raise MemfitError(f"{', '.join(sorted(several))} only apply to preference / RL methods; add --method")
+    if isinstance(values.get("role_gpus"), dict):
+        values["role_gpus"] = tuple(sorted(values["role_gpus"].items()))
+    if isinstance(values.get("lora_targets"), list):
+        values["lora_targets"] = tuple(values["lora_targets"])
+    engine = _engine(given, profile, hardware, assumed, profile_name)
+    values["engine"] = engine
+    values |= _engine_values(engine, given, profile, model, assumed)
+    upcast = ENGINES[engine].kbit_upcast_default()
+    if upcast is not None and "kbit_upcast" not in given:
+        values["kbit_upcast"] = upcast
+    if values.get("tuning") in ("lora", "qlora") and "lora_rank" not in given:
+        assumed.append("lora rank=8, targets=all-linear")
+    return Scenario(model=model, hardware=hardware, profile=profile_name, assumed=tuple(assumed), **values)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from memfit.errors import MemfitError
+from memfit.facts.engines.deepspeed import eval_config
 from memfit.measure.engines import DeepSpeedRunner, _clear_zero3_release_cache
 from memfit.measure.model import build_model
 from memfit.facts.scenario import Scenario
@@ -21,26 +22,8 @@ from memfit.trace.dpo import PreferenceBatch, concatenated_forward, dpo_loss, re
 
 
 def reference_config(s: Scenario) -> dict:
-    """get_eval_ds_config(offload, stage=3 if zero_stage == 3 else 0, bf16) + the batch keys OpenRLHF adds. Its
-    stage-3 sizes say "auto", as the policy's do (get_train_ds_config), so both engines get the same values:
-    here the scenario's."""
-    ds = s.deepspeed
-    offload = bool(s.rl and s.rl.ref_offload)
-    zero = {"stage": 3 if ds.stage == 3 else 0,
-            "offload_param": {"device": "cpu" if offload else "none", "pin_memory": True}}
-    if ds.stage == 3:
-        zero.update(stage3_prefetch_bucket_size=ds.prefetch_bucket_size,
-                    stage3_param_persistence_threshold=ds.param_persistence_threshold,
-                    stage3_max_live_parameters=ds.max_live_parameters)
-    return {
-        "train_micro_batch_size_per_gpu": s.micro_batch,
-        "gradient_accumulation_steps": s.grad_accum,
-        "zero_optimization": zero,
-        "bf16": {"enabled": s.precision.startswith("bf16")},
-        "gradient_clipping": 1.0,
-        "prescale_gradients": False,
-        "steps_per_print": 10**9,
-    }
+    """OpenRLHF's get_eval_ds_config for the reference engine (memfit/facts/engines/deepspeed.py)."""
+    return eval_config(s, offload=s.ref_offload) | {"steps_per_print": 10**9}
 
 
 class DpoRunner(DeepSpeedRunner):
@@ -95,7 +78,7 @@ class DpoRunner(DeepSpeedRunner):
         super().walk()
         if self.ref_engine is None:
             return
-        offload = self.ref_engine.zero_optimization_stage() == 3 and bool(self.s.rl and self.s.rl.ref_offload)
+        offload = self.ref_engine.zero_optimization_stage() == 3 and self.s.ref_offload
         for p in self.ref_engine.module.parameters():
             if getattr(p, "ds_tensor", None) is not None:
                 if p.data.numel() > 0:  # gathered / persistent while in use

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from memfit.errors import MemfitError
+from memfit.facts.engines import deepspeed as deepspeed_facts
 from memfit.measure.model import build_model, lm_head_of, upcast_trainable
 from memfit.measure.tracker import MemoryTracker
 from memfit.facts.scenario import Scenario
@@ -29,38 +30,12 @@ def compute_dtype(s: Scenario) -> torch.dtype:
 
 # ==================================================================== DeepSpeed
 def deepspeed_config(s: Scenario) -> dict:
-    """The DeepSpeed JSON this scenario means (zero_optimization keys as in knobs.md A.3)."""
-    ds = s.deepspeed
-    zero: dict = {
-        "stage": ds.stage,
-        "contiguous_gradients": ds.contiguous_gradients,
-        "overlap_comm": ds.overlap,
-        "reduce_bucket_size": ds.reduce_bucket_size,
-    }
-    if ds.stage == 3:
-        zero.update(stage3_prefetch_bucket_size=ds.prefetch_bucket_size,
-                    stage3_param_persistence_threshold=ds.param_persistence_threshold,
-                    stage3_max_live_parameters=ds.max_live_parameters, sub_group_size=ds.sub_group_size)
-    if ds.offload_optimizer != "none":
-        zero["offload_optimizer"] = {"device": ds.offload_optimizer, "pin_memory": ds.pin_memory, "ratio": ds.ratio}
-    if ds.offload_param != "none":
-        zero["offload_param"] = {"device": ds.offload_param, "pin_memory": ds.pin_memory}
-    config = {
-        "train_micro_batch_size_per_gpu": s.micro_batch,
-        "gradient_accumulation_steps": s.grad_accum,
-        "gradient_clipping": 1.0,  # HF Trainer max_grad_norm default
-        "zero_optimization": zero,
-        "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}},
-        "steps_per_print": 10**9,
-        "zero_allow_untested_optimizer": True,
-    }
-    if s.precision.startswith("bf16"):
-        config["bf16"] = {"enabled": True}
-    elif s.precision.startswith("fp16"):
-        config["fp16"] = {"enabled": True, "initial_scale_power": 8}
-    if ds.grad_accum_dtype:
-        config["data_types"] = {"grad_accum_dtype": ds.grad_accum_dtype}
-    return config
+    """The DeepSpeed JSON this scenario means, with the optimizer the engine builds (HF Trainer's AdamW)."""
+    config = deepspeed_facts.config(s)
+    if s.precision.startswith("fp16"):
+        config["fp16"]["initial_scale_power"] = 8
+    return config | {"optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}},
+                     "steps_per_print": 10**9, "zero_allow_untested_optimizer": True}
 
 
 class Runner:
@@ -154,8 +129,7 @@ class DeepSpeedRunner(Runner):
 
         s = self.s
         self.config = deepspeed_config(s)
-        ds = s.deepspeed
-        offload = "host" if ds.offload_optimizer != "none" else "device"
+        offload = "host" if s.offload_optimizer != "none" else "device"
         self.tk.rules[:0] = [
             # fp32 grad scratch of the largest sub-group, made on the optimizer's device at init (freed at
             # the end of init without offload; with offload each sub-group then gets its own buffer)
@@ -163,10 +137,10 @@ class DeepSpeedRunner(Runner):
             ("stage_1_and_2.py:initialize_optimizer_states", "gradients", offload),
         ]
         init_context = None
-        if ds.stage == 3 and ds.zero3_init:
+        if s.zero_stage == 3 and s.zero3_init:
             init_context = deepspeed.zero.Init(config_dict_or_path=self.config, dtype=compute_dtype(s))
         self.model = self._build(init_context, side="device" if init_context else "host")
-        if ds.stage == 3:
+        if s.zero_stage == 3:
             self.notes += set_moe_leaf_modules(self.model)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=self.model, model_parameters=params,
@@ -460,9 +434,9 @@ class FsdpRunner(TorchRunner):
         if s.precision.endswith("-mixed"):
             upcast_trainable(model)
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype(s), reduce_dtype=torch.float32)
-        if s.fsdp.cpu_offload:
+        if s.fsdp_cpu_offload:
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
-        reshard = s.fsdp.strategy != "shard_grad_op"
+        reshard = s.fsdp_strategy != "shard_grad_op"
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         for layer in base.model.layers:
             fully_shard(layer, reshard_after_forward=reshard, **kwargs)
@@ -470,7 +444,7 @@ class FsdpRunner(TorchRunner):
         return model
 
     def walk(self):
-        side = "host" if self.s.fsdp.cpu_offload else "device"
+        side = "host" if self.s.fsdp_cpu_offload else "device"
         self.claim_params(self.module, side=side)
         self.claim_grads(self.module, side=side)
         self.claim_state(self.optimizer, side_of=lambda p: side)

@@ -18,11 +18,15 @@ import time
 from pathlib import Path
 
 from memfit.errors import MemfitError
+from memfit.facts.engines import engine_of
+from memfit.facts.knobs import acting_when
+from memfit.facts.methods import several_models
 from memfit.measure.result import MeasureResult, RankMeasurement
 from memfit.facts.scenario import Scenario
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MAX_CPU_RANKS = 8
+DPO_METHODS = ("dpo", "ipo")  # OpenRLHF train_dpo runs both; the measured DPO step (measure/dpo.py)
 
 
 def _cuda() -> bool:
@@ -40,7 +44,7 @@ def plan(scenario: Scenario, allow_substitutions: bool = True) -> tuple[Scenario
     """
     cuda = _cuda()
     used_instead: list[str] = []
-    if scenario.method not in ("sft", "pt") and (scenario.method not in ("dpo", "ipo") or scenario.engine != "deepspeed"):
+    if several_models(scenario.method) and (scenario.method not in DPO_METHODS or scenario.engine != "deepspeed"):
         raise MemfitError(f"measure runs {scenario.method} only as OpenRLHF's DPO/IPO on DeepSpeed "
                           f"(--method dpo --engine deepspeed --profile openrlhf)")
     if scenario.tuning == "qlora" and not cuda:
@@ -51,11 +55,10 @@ def plan(scenario: Scenario, allow_substitutions: bool = True) -> tuple[Scenario
         raise MemfitError("memfit measure runs AdamW or SGD; adafactor is not wired into the measure runners")
     if scenario.loss != "standard":
         raise MemfitError(f"loss {scenario.loss!r} is not wired into measure; it runs the transformers loss (--loss standard)")
-    ds = scenario.deepspeed
-    if scenario.engine == "deepspeed" and ds is not None and "nvme" in (ds.offload_optimizer, ds.offload_param):
+    if "nvme" in (engine_of(scenario).optimizer_offload(scenario), engine_of(scenario).param_offload(scenario)):
         raise MemfitError("NVMe offload needs an NVMe path and async I/O; measure runs offload to cpu (--offload-optimizer cpu)")
-    if scenario.engine == "fsdp" and scenario.fsdp.strategy in ("hybrid_shard", "no_shard"):
-        raise MemfitError(f"FSDP2 measure runs full_shard or shard_grad_op; {scenario.fsdp.strategy} is not wired")
+    if scenario.fsdp_strategy in ("hybrid_shard", "no_shard"):
+        raise MemfitError(f"FSDP2 measure runs full_shard or shard_grad_op; {scenario.fsdp_strategy} is not wired")
     if not cuda and scenario.world_size > MAX_CPU_RANKS:
         raise MemfitError(f"{scenario.world_size} ranks on the CPU is too many; measure runs up to {MAX_CPU_RANKS} CPU ranks")
     if not cuda and scenario.precision.startswith("fp16"):
@@ -69,9 +72,8 @@ def plan(scenario: Scenario, allow_substitutions: bool = True) -> tuple[Scenario
             raise MemfitError("flash-attention 2 needs CUDA; rerun with --attn sdpa (measure on the CPU uses sdpa)")
         attention = "sdpa"
         used_instead.append("attention sdpa instead of flash-attention 2 (no CUDA): activations differ from a flash run")
-    ds = scenario.deepspeed
     compute = scenario.precision.split("-")[0]
-    if (scenario.engine == "deepspeed" and ds.stage == 3 and scenario.tuning == "lora"
+    if (scenario.zero_stage == 3 and scenario.tuning == "lora"
             and scenario.adapter_dtype != compute and compute != "fp32"):
         # stage3 defragment() asserts one dtype per param group; LLaMA-Factory keeps adapters in the
         # compute dtype under ZeRO-3 for this reason (src/llamafactory/model/adapter.py::init_adapter)
@@ -93,18 +95,7 @@ def _free_port() -> int:
 
 
 def describe_engine(s: Scenario) -> str:
-    if s.engine == "deepspeed":
-        ds = s.deepspeed
-        bits = [f"deepspeed zero-{ds.stage}"]
-        if ds.offload_optimizer != "none":
-            bits.append(f"offload optimizer {ds.offload_optimizer}" + (f" ratio {ds.ratio}" if ds.ratio < 1 else "")
-                        + (" pinned" if ds.pin_memory else " unpinned"))
-        if ds.offload_param != "none":
-            bits.append(f"offload params {ds.offload_param}")
-        return ", ".join(bits)
-    if s.engine == "fsdp":
-        return f"fsdp2 {s.fsdp.strategy}" + (" cpu offload" if s.fsdp.cpu_offload else "")
-    return s.engine
+    return engine_of(s).describe(s)
 
 
 def run_batch(scenarios: list[Scenario], steps: int = 3, model_dir: str | None = None, *, timeout: float = 1800,
@@ -219,8 +210,8 @@ def _scenario_summary(s: Scenario) -> dict:
     out = {"model": s.model.id, "tuning": s.tuning, "precision": s.precision, "optimizer": s.optimizer,
            "engine": s.engine, "micro_batch": s.micro_batch, "seq_len": s.seq_len, "grad_accum": s.grad_accum,
            "checkpointing": s.checkpointing, "attention": s.attention, "world_size": s.world_size}
-    if s.deepspeed is not None:
-        out["deepspeed"] = dict(s.deepspeed.__dict__)
-    if s.lora is not None:
-        out["lora"] = {"rank": s.lora.rank, "targets": list(s.lora.targets)}
+    if s.engine == "deepspeed":
+        out["deepspeed"] = {k: getattr(s, k) for k in acting_when("deepspeed")}
+    if s.uses_adapters:
+        out["lora"] = {"rank": s.lora_rank, "targets": list(s.lora_targets)}
     return out

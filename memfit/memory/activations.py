@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memfit.facts.engines import engine_of
 from memfit.memory.inventory import ParamTensor
 from memfit.facts.scenario import Scenario
 
@@ -57,7 +58,7 @@ def residual_bytes(s: Scenario) -> int:
         return 4
     if s.tuning == "qlora" and s.kbit_upcast:
         return 4
-    fp32_master_in_module = s.precision.endswith("mixed") and s.engine != "deepspeed"
+    fp32_master_in_module = s.precision.endswith("mixed") and not engine_of(s).casts_module(s)
     return 4 if fp32_master_in_module and s.tuning == "full" else s.compute_bytes
 
 
@@ -135,7 +136,7 @@ def _group_inputs(s: Scenario, b: int, rb: int, adapters: list[ParamTensor]) -> 
                 continue
             rank, count = adapted[mod]
             cost += count * rank * (b if autocast else ab)
-            if s.lora.dropout > 0:
+            if s.lora_dropout > 0:
                 cost += count * width  # bool mask
             if ab != xb and not (s.tuning == "qlora" and autocast):
                 cost += count * width * (2 if autocast else ab)  # private cast copy

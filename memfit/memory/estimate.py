@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from memfit.facts.engines import engine_of
 from memfit.memory import overheads
 from memfit.memory.activations import Activations, activations
 from memfit.breakdown import Breakdown, PhaseProfile
-from memfit.memory.inventory import ParamTensor, tuned_tensors
+from memfit.memory.inventory import ParamTensor, scenario_tensors
 from memfit.facts.scenario import Scenario
 from memfit.memory.states import ModelStates, model_states, trainable_dtype_bytes
 
@@ -51,7 +52,7 @@ class Estimate:
                 "device_total": self.device_total.to_json(),
             },
             "host_per_node": self.host.to_json(),
-            "host_ram_bytes": s.hardware.host_ram_bytes,
+            "host_ram_bytes": s.hardware.host_ram,
             "verdict": self.verdict,
             "margin_bytes": self.margin_bytes,
             "host_margin_bytes": self.host_margin_bytes,
@@ -125,17 +126,15 @@ def _optimizer_step(ms: ModelStates, runtime: int) -> Breakdown:
 def _head_grads(s: Scenario, tensors: list[ParamTensor]) -> int:
     """Gradient bytes made by the output head's backward, before any layer's: its weight's (the
     embedding's when tied)."""
-    if s.engine == "deepspeed" and s.deepspeed.stage >= 2:
-        return 0
     kind = "embedding" if s.model.tie_embeddings else "lm_head"
     head = [t for t in tensors if t.trainable and t.kind == kind and t.name != "embed_positions.weight"]
-    shards = s.world_size if s.engine == "fsdp" else 1
-    return sum(t.total * trainable_dtype_bytes(s, t) for t in head) // shards
+    return engine_of(s).head_grads_held(s, sum(t.total * trainable_dtype_bytes(s, t) for t in head))
 
 
 def allocated_profile(s: Scenario, tensors: list[ParamTensor], ms: ModelStates, act: Activations) -> PhaseProfile:
     runtime = overheads.cublas_workspace(s.hardware.gpu)
-    load = Breakdown(_static(ms, runtime, optimizer=ms.optimizer // 3 if s.engine == "deepspeed" else 0))
+    # the fp32 master (one of the optimizer's three fp32 copies) exists once the engine starts
+    load = Breakdown(_static(ms, runtime, optimizer=ms.optimizer // 3 if engine_of(s).master_at_load(s) else 0))
     load = load.plus("engine_buffers", ms.load_transient)
     steady = Breakdown(_static(ms, runtime))
     return PhaseProfile({
@@ -172,9 +171,7 @@ def device_total_profile(s: Scenario, reserved: PhaseProfile, ms: ModelStates) -
 def estimate(s: Scenario) -> Estimate:
     from memfit.memory.host import host_profile  # host accounting reads the same states
 
-    lora = s.lora
-    tensors = tuned_tensors(s.model, s.tuning, lora.rank if lora else 8, lora.targets if lora else (),
-                            lora.dora if lora else False, s.freeze_trainable_layers)
+    tensors = scenario_tensors(s)
     ms = model_states(s, tensors)
     act = activations(s, [t for t in tensors if t.kind == "lora"])
     alloc = allocated_profile(s, tensors, ms, act)
@@ -183,7 +180,7 @@ def estimate(s: Scenario) -> Estimate:
     host = host_profile(s, tensors, ms, act)
     capacity = s.hardware.gpu.memory_bytes
     margin = capacity - total.peak.total
-    host_margin = None if s.hardware.host_ram_bytes is None else s.hardware.host_ram_bytes - host.peak.total
+    host_margin = None if s.hardware.host_ram is None else s.hardware.host_ram - host.peak.total
     return Estimate(
         scenario=s,
         total_params=sum(t.total for t in tensors if t.kind != "lora"),

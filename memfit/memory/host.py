@@ -5,6 +5,7 @@ load / resume), C.2 (offloaded checkpointing).
 """
 from __future__ import annotations
 
+from memfit.facts.engines import engine_of
 from memfit.memory import overheads
 from memfit.memory.activations import Activations
 from memfit.breakdown import Breakdown, PhaseProfile
@@ -16,8 +17,7 @@ from memfit.memory.states import ModelStates
 def _load_copies(s: Scenario, model_bytes: int) -> int:
     """Host bytes per node while weights load, before they move to the GPUs."""
     g = s.hardware.gpus_per_node
-    zero3_init = s.engine == "deepspeed" and s.deepspeed.stage == 3 and s.deepspeed.zero3_init
-    if zero3_init or (s.engine == "fsdp" and s.fsdp.cpu_ram_efficient_loading):
+    if engine_of(s).loads_once_per_node(s):
         return model_bytes  # rank 0 reads the checkpoint; the others build on meta
     per_rank = model_bytes if s.profile != "llamafactory" else 0  # device_map={"": rank} loads to GPU
     if not s.low_cpu_mem_usage:
@@ -29,10 +29,7 @@ def _offloaded(ms: ModelStates, g: int) -> dict[str, int]:
     """Offloaded buffers by category; the pinned allocator's power-of-two rounding is runtime overhead."""
     parts = {"optimizer_states": 0, "gradients": 0, "weights": 0, "engine_buffers": 0, "runtime_overhead": 0}
     for buf in ms.host:
-        name = buf.name.lower()
-        key = ("gradients" if "grad" in name else "optimizer_states" if ("adam" in name or "master" in name)
-               else "weights" if "param" in name else "engine_buffers")
-        parts[key] += buf.nbytes * g
+        parts[buf.category] += buf.nbytes * g
         parts["runtime_overhead"] += (buf.resident - buf.nbytes) * g
     return parts
 
@@ -53,7 +50,7 @@ def host_profile(s: Scenario, tensors: list[ParamTensor], ms: ModelStates, act: 
     save = dict(steady)
     resume = dict(steady)
     # each rank torch.loads its checkpoint files at once, without mmap (knobs.md A.8, FINDINGS.md)
-    resume["optimizer_states"] += g * (ms.resume_host if s.engine in ("deepspeed", "fsdp") else 12 * psi)
+    resume["optimizer_states"] += g * (ms.resume_host if engine_of(s).sharded_checkpoint(s) else 12 * psi)
     return PhaseProfile({
         "load": Breakdown(load),
         "forward": Breakdown(steady),

@@ -223,6 +223,11 @@ def tuned_tensors(model: ModelSpec, tuning: str, rank: int = 8, targets: tuple[s
     return frozen + lora_tensors(model, tensors, rank, targets, dora)
 
 
+def scenario_tensors(s) -> list[ParamTensor]:
+    """The inventory of a scenario's model under its tuning."""
+    return tuned_tensors(s.model, s.tuning, s.lora_rank, s.lora_targets, s.dora, s.freeze_trainable_layers)
+
+
 # ---------------------------------------------------------------------------------------------- MLA (issue 6)
 # DeepSeek-V2 / V3 decoder layers: multi-head latent attention, the first `first_k_dense_replace` layers dense, the
 # rest MoE with shared experts. Source: transformers models/deepseek_v3/modeling_deepseek_v3.py (DeepseekV3Attention,

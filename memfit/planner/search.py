@@ -48,8 +48,13 @@ from functools import cache
 from memfit.facts.catalog import HERE
 from memfit.errors import MemfitError
 from memfit.memory.estimate import estimate, verdict_of
-from memfit.facts.profiles import _zero_buckets, get_profile
-from memfit.facts.scenario import DeepSpeedConfig, FsdpConfig, LoraConfig, Scenario
+from memfit.facts.engines import Sharding, engine_of
+from memfit.facts.engines.deepspeed import STAGE_SHARDING
+from memfit.facts.engines.fsdp import STRATEGY_SHARDING
+from memfit.facts import methods
+from memfit.facts.knobs import acting_when, knob
+from memfit.facts.profiles import get_profile, zero_buckets
+from memfit.facts.scenario import Scenario
 from memfit.planner.speed import StepTime, param_counts, step_time
 
 ALLOW = ("lora", "qlora", "8bit")
@@ -58,7 +63,8 @@ RATIOS = (1.0, 0.9, 0.8, 0.7, 0.5)  # DeepSpeed offload_optimizer.ratio values t
 RATIO_SUB_GROUPS = 10  # sub-groups a ratio needs to act on: ratio r keeps floor((1-r) x groups) on the GPU
 NICE_SUB_GROUP_SIZES = (1_000_000_000, 500_000_000, 200_000_000, 100_000_000, 50_000_000, 20_000_000,
                         10_000_000, 5_000_000, 2_000_000, 1_000_000)
-ADAPTER_SKIP_SHARDINGS = ("zero1", "zero2", "fsdp:shard_grad_op")
+# with adapters, sharding only the optimizer or the gradients shards tiny adapter states: no row of their own
+ADAPTER_SKIP_LEVELS = (Sharding.OPTIMIZER, Sharding.GRADIENTS)
 EVERY_N = 2  # every_n checkpointing tries every 2nd layer
 DEADLINE_SECONDS = 1.8  # safety stop for the search; the rows found so far are returned
 SPEED_TOLERANCE = 0.01  # speeds within 1% count as equal: the row with fewer changes wins
@@ -80,10 +86,35 @@ def framework_options() -> dict[str, dict]:
 
 
 @dataclass(frozen=True)
+class Layout:
+    """How the weights are laid out across GPUs: the `sharding` axis (engine, zero_stage, fsdp_strategy)."""
+
+    engine: str
+    zero_stage: int | None = None
+    fsdp_strategy: str | None = None
+
+    @property
+    def level(self) -> Sharding:
+        if self.engine == "deepspeed":
+            return STAGE_SHARDING[self.zero_stage]
+        if self.engine == "fsdp":
+            return STRATEGY_SHARDING[self.fsdp_strategy]
+        return Sharding.NONE
+
+    def __str__(self) -> str:
+        if self.engine == "deepspeed":
+            return f"zero{self.zero_stage}"
+        return f"fsdp:{self.fsdp_strategy}" if self.engine == "fsdp" else self.engine
+
+
+ZERO3 = Layout("deepspeed", 3)
+
+
+@dataclass(frozen=True)
 class _StateKnobs:
     tuning: str
     optimizer: str
-    sharding: str  # single | ddp | zero0..zero3 | fsdp:<strategy>
+    sharding: Layout
     offload: str  # optimizer offload (DeepSpeed) or CPU offload (FSDP): none | cpu | nvme
     pin_memory: bool  # DeepSpeed offload pin_memory (only meaningful with offload)
     ratio: float  # DeepSpeed offload_optimizer.ratio (only ZeRO-3 + offload)
@@ -127,6 +158,10 @@ class CodeEdit:
         return {"file": self.file, "function": self.function, "lines": self.lines()}
 
 
+def _json_value(v):
+    return str(v) if isinstance(v, Layout) else v
+
+
 @dataclass(frozen=True)
 class Change:
     """One knob changed from the user's scenario, with what it saves and what it costs."""
@@ -145,7 +180,7 @@ class Change:
     code_edit: CodeEdit | None = None  # the framework has no flag for it: the edit of its code that sets it
 
     def to_json(self) -> dict:
-        return {"knob": self.knob, "before": self.before, "after": self.after,
+        return {"knob": self.knob, "before": _json_value(self.before), "after": _json_value(self.after),
                 "device_saving_bytes": self.device_saving_bytes, "host_saving_bytes": self.host_saving_bytes,
                 "speed_cost_pct": round(self.speed_cost_pct, 2), "measured": self.measured,
                 "needed_to_fit": self.needed_to_fit, "in_plan_device_saving_bytes": self.in_plan_device_saving_bytes,
@@ -178,42 +213,39 @@ class PlanRow:
 
 def config_of(s: Scenario) -> dict:
     """The searched knobs of a scenario, flat (for JSON and for `memfit fit`'s writers)."""
-    ds = s.deepspeed
-    return {"tuning": s.tuning, "lora_rank": s.lora.rank if s.lora else None, "optimizer": s.optimizer,
-            "engine": s.engine, "zero_stage": ds.stage if ds else None,
-            "offload_optimizer": ds.offload_optimizer if ds else None, "pin_memory": ds.pin_memory if ds else None,
-            "ratio": ds.ratio if ds else None, "sub_group_size": ds.sub_group_size if ds else None,
-            "offload_param": ds.offload_param if ds else None,
-            "fsdp_strategy": s.fsdp.strategy if s.fsdp else None,
-            "fsdp_cpu_offload": s.fsdp.cpu_offload if s.fsdp else None,
-            "checkpointing": s.checkpointing, "checkpoint_every_n": s.checkpoint_every_n,
-            "micro_batch": s.micro_batch, "grad_accum": s.grad_accum,
-            "global_batch": s.micro_batch * s.grad_accum * s.world_size,
-            "attention": s.attention, "loss": s.loss, "padding": s.padding,
-            **({k: getattr(s.rl, k) for k in ROLE_KNOBS} if s.rl else {})}
+    ds, fsdp = s.engine == "deepspeed", s.engine == "fsdp"
+    out = {"tuning": s.tuning, "lora_rank": s.lora_rank if s.uses_adapters else None, "optimizer": s.optimizer,
+           "engine": s.engine, "zero_stage": s.zero_stage, "fsdp_strategy": s.fsdp_strategy,
+           "fsdp_cpu_offload": s.fsdp_cpu_offload if fsdp else None,
+           "checkpointing": s.checkpointing, "checkpoint_every_n": s.checkpoint_every_n,
+           "micro_batch": s.micro_batch, "grad_accum": s.grad_accum,
+           "global_batch": s.micro_batch * s.grad_accum * s.world_size,
+           "attention": s.attention, "loss": s.loss, "padding": s.padding}
+    out |= {k: getattr(s, k) if ds else None
+            for k in ("offload_optimizer", "pin_memory", "ratio", "sub_group_size", "offload_param")}
+    return out | ({k: getattr(s, k) for k in ROLE_KNOBS} if several_models(s) else {})
 
 
 # ---------------------------------------------------------------- knobs <-> scenario
 
 
-def _sharding_of(s: Scenario) -> str:
-    if s.engine == "deepspeed":
-        return f"zero{s.deepspeed.stage}"
-    if s.engine == "fsdp":
-        return f"fsdp:{s.fsdp.strategy}"
-    return s.engine
+def _layout_of(s: Scenario) -> Layout:
+    return Layout(s.engine, s.zero_stage, s.fsdp_strategy)
 
 
 def _state_of(s: Scenario) -> _StateKnobs:
-    ds = s.deepspeed or DeepSpeedConfig()
-    offload = ds.offload_optimizer if s.deepspeed else ("cpu" if s.fsdp and s.fsdp.cpu_offload else "none")
-    roles = {k: getattr(s.rl, k) for k in ROLE_KNOBS} if s.rl else {}
-    return _StateKnobs(s.tuning, s.optimizer, _sharding_of(s), offload, ds.pin_memory, ds.ratio, ds.offload_param,
+    offload = engine_of(s).optimizer_offload(s)
+    roles = {k: getattr(s, k) for k in ROLE_KNOBS} if several_models(s) else {}
+    return _StateKnobs(s.tuning, s.optimizer, _layout_of(s), offload, s.pin_memory, s.ratio, s.offload_param,
                        **roles)
 
 
 def _act_of(s: Scenario) -> _ActKnobs:
     return _ActKnobs(s.checkpointing, s.micro_batch, s.attention, s.loss, s.padding)
+
+
+DEEPSPEED_KNOBS = acting_when("deepspeed")
+FSDP_KNOBS = acting_when("fsdp")
 
 
 class _Builder:
@@ -223,14 +255,12 @@ class _Builder:
         self.base = base
         self.per_gpu = per_gpu_batch
         self.profile = get_profile(base.profile)
-        self.lora = base.lora or LoraConfig()  # LoRA/QLoRA keep the user's adapter settings, else PEFT's defaults
         self._engines: dict[_StateKnobs, dict] = {}
 
     def sub_group_size(self, tuning: str, ratio: float) -> int:
         """A sub_group_size that splits the rank's partition finely enough for `ratio` to keep at least one
         sub-group on the GPU (DeepSpeed stage3.py: sub-group i goes to the CPU iff i >= int((1 - ratio) * S))."""
-        lora = self.lora if tuning in ("lora", "qlora") else None
-        psi = param_counts(self.base.model, tuning, lora, self.base.freeze_trainable_layers).trainable
+        psi = param_counts(self.base.with_changes(tuning=tuning)).trainable
         part = -(-psi // self.base.world_size)
         for size in NICE_SUB_GROUP_SIZES:
             groups = -(-part // size)
@@ -238,40 +268,41 @@ class _Builder:
                 return size
         return NICE_SUB_GROUP_SIZES[-1]
 
-    def _deepspeed(self, k: _StateKnobs) -> DeepSpeedConfig:
-        stage = int(k.sharding.removeprefix("zero"))
-        base_ds = self.base.deepspeed
-        if base_ds is None:
-            ds = DeepSpeedConfig(stage=stage, **_zero_buckets(self.profile, self.base.model, stage))
+    def _deepspeed(self, k: _StateKnobs) -> dict:
+        """The DeepSpeed knobs of a ZeRO layout: the user's where they have DeepSpeed, else the defaults the
+        framework's "auto" gives; offload, ratio and pin_memory from the planned knobs."""
+        b, stage = self.base, k.sharding.zero_stage
+        if b.engine == "deepspeed":
+            ds = {name: getattr(b, name) for name in DEEPSPEED_KNOBS}
+            ds |= {"offload_optimizer": "none", "offload_param": "none", "ratio": 1.0}
+            if stage == 3 and b.zero_stage != 3:
+                ds |= zero_buckets(self.profile, b.model, 3)
         else:
-            ds = replace(base_ds, stage=stage, offload_optimizer="none", offload_param="none", ratio=1.0)
-            if stage == 3 and base_ds.stage != 3:
-                ds = replace(ds, **_zero_buckets(self.profile, self.base.model, 3))
+            ds = {name: knob(name).default for name in DEEPSPEED_KNOBS} | zero_buckets(self.profile, b.model, stage)
         offload = k.offload if stage >= 1 else "none"
         ratio = k.ratio if stage == 3 and offload != "none" else 1.0
-        keep_users = base_ds is not None and base_ds.ratio == ratio  # the user's own ratio and sub-groups
-        sub = self.sub_group_size(k.tuning, ratio) if ratio < 1.0 and not keep_users else ds.sub_group_size
-        return replace(ds, offload_optimizer=offload, pin_memory=k.pin_memory, ratio=ratio, sub_group_size=sub,
-                       offload_param=k.offload_param if stage == 3 else "none")
+        keep_users = b.engine == "deepspeed" and b.ratio == ratio  # the user's own ratio and sub-groups
+        sub = self.sub_group_size(k.tuning, ratio) if ratio < 1.0 and not keep_users else ds["sub_group_size"]
+        return ds | {"zero_stage": stage, "offload_optimizer": offload, "pin_memory": k.pin_memory, "ratio": ratio,
+                     "sub_group_size": sub, "offload_param": k.offload_param if stage == 3 else "none"}
+
+    def _fsdp(self, k: _StateKnobs) -> dict:
+        b = self.base
+        fsdp = {name: getattr(b, name) if b.engine == "fsdp" else knob(name).default for name in FSDP_KNOBS}
+        return fsdp | {"fsdp_strategy": k.sharding.fsdp_strategy, "fsdp_cpu_offload": k.offload == "cpu"}
 
     def _state_fields(self, k: _StateKnobs) -> dict:
         """Scenario fields set by the model-state knobs (built once per setting: the configs validate)."""
         if k in self._engines:
             return self._engines[k]
-        b = self.base
-        out: dict = {"tuning": k.tuning, "optimizer": k.optimizer, "deepspeed": None, "fsdp": None,
-                     "lora": self.lora if k.tuning in ("lora", "qlora") else None}
-        if k.sharding.startswith("zero"):
-            out["engine"], out["deepspeed"] = "deepspeed", self._deepspeed(k)
-        elif k.sharding.startswith("fsdp:"):
-            loading = b.fsdp.cpu_ram_efficient_loading if b.fsdp else True
-            out["engine"] = "fsdp"
-            out["fsdp"] = FsdpConfig(strategy=k.sharding.removeprefix("fsdp:"), cpu_offload=k.offload == "cpu",
-                                     cpu_ram_efficient_loading=loading)
-        else:
-            out["engine"] = k.sharding
-        if b.rl is not None:
-            out["rl"] = replace(b.rl, **{name: getattr(k, name) for name in ROLE_KNOBS})
+        out: dict = {"tuning": k.tuning, "optimizer": k.optimizer, "engine": k.sharding.engine}
+        out |= {name: knob(name).default for name in (*DEEPSPEED_KNOBS, *FSDP_KNOBS)}
+        if k.sharding.engine == "deepspeed":
+            out |= self._deepspeed(k)
+        elif k.sharding.engine == "fsdp":
+            out |= self._fsdp(k)
+        if several_models(self.base):
+            out |= {name: getattr(k, name) for name in ROLE_KNOBS}
         self._engines[k] = out
         return out
 
@@ -302,21 +333,21 @@ def _state_options(base: Scenario, bk: _StateKnobs, opts: dict, allow: set[str],
     engines = opts["engines"]
     shardings = [bk.sharding]
     if world == 1 and "single" in engines:
-        shardings.append("single")
+        shardings.append(Layout("single"))
     if world > 1 and "ddp" in engines:
-        shardings.append("ddp")
+        shardings.append(Layout("ddp"))
     if "deepspeed" in engines:
-        shardings += [f"zero{i}" for i in range(4)]
+        shardings += [Layout("deepspeed", i) for i in range(4)]
     if world > 1 and "fsdp" in engines:
-        shardings += [f"fsdp:{x}" for x in opts["fsdp"]]
+        shardings += [Layout("fsdp", fsdp_strategy=x) for x in opts["fsdp"]]
     out = []
     for tuning in tunings:
         adapters = tuning in ("lora", "qlora")
         for sharding in _unique(shardings):
-            if adapters and sharding in ADAPTER_SKIP_SHARDINGS and sharding != bk.sharding:
-                continue  # with adapters these only shard the tiny adapter states: no row of their own
+            if adapters and sharding.level in ADAPTER_SKIP_LEVELS and sharding != bk.sharding:
+                continue
             for optimizer in optimizers:
-                if optimizer != bk.optimizer and (sharding.startswith("zero") or adapters):
+                if optimizer != bk.optimizer and (sharding.engine == "deepspeed" or adapters):
                     continue  # ZeRO is modeled with fp32 Adam only; adapters' states are too small to matter
                 for offload, pin, ratio, param in _offloads(sharding, bk, opts, adapters, tuning):
                     out.append(replace(bk, tuning=tuning, optimizer=optimizer, sharding=sharding, offload=offload,
@@ -324,21 +355,21 @@ def _state_options(base: Scenario, bk: _StateKnobs, opts: dict, allow: set[str],
     out = _unique([bk] + out)
     if facts is None:
         return out
-    return _unique(v for k in out for v in _role_variants(k, bk, opts, facts, base.rl))
+    return _unique(v for k in out for v in _role_variants(k, bk, opts, facts, base))
 
 
-def _role_variants(k: _StateKnobs, bk: _StateKnobs, opts: dict, facts: dict, rl) -> list[_StateKnobs]:
+def _role_variants(k: _StateKnobs, bk: _StateKnobs, opts: dict, facts: dict, s: Scenario) -> list[_StateKnobs]:
     """The several-model knobs tried with these model-state knobs, each only where it acts (knobs.md E):
     reference / reward offload under ZeRO-3, vLLM memory and sleep with a generator (sleep only when all
     models are colocated), DeepSpeed sleep without Adam offload (OpenRLHF makes it a no-op then)."""
     def both(name: str, acts: bool) -> list:
         return _unique([getattr(bk, name), not getattr(bk, name)]) if acts else [getattr(bk, name)]
 
-    zero3, gen = k.sharding == "zero3", bool(facts.get("generator"))
+    zero3, gen = k.sharding == ZERO3, bool(facts.get("generator"))
     refs = both("ref_offload", zero3 and opts.get("ref_offload") and facts.get("reference"))
-    rewards = both("reward_offload", zero3 and opts.get("ref_offload") and facts.get("reward") and not rl.remote_reward)
+    rewards = both("reward_offload", zero3 and opts.get("ref_offload") and facts.get("reward") and not s.remote_reward)
     utils = _unique([bk.vllm_gpu_memory_utilization] + (list(opts.get("vllm_gpu_memory_utilization", ())) if gen else []))
-    colocated = rl.colocate == "all" or not opts.get("vllm_sleep_needs_colocate_all")
+    colocated = s.colocate == "all" or not opts.get("vllm_sleep_needs_colocate_all")
     vsleeps = both("vllm_sleep", gen and opts.get("vllm_sleep") and colocated)
     dsleeps = both("deepspeed_sleep", gen and opts.get("deepspeed_sleep") and k.offload == "none")
     return [replace(k, ref_offload=r, reward_offload=w, vllm_gpu_memory_utilization=u, vllm_sleep=v,
@@ -346,18 +377,18 @@ def _role_variants(k: _StateKnobs, bk: _StateKnobs, opts: dict, facts: dict, rl)
             for r in refs for w in rewards for u in utils for v in vsleeps for d in dsleeps]
 
 
-def _offloads(sharding: str, bk: _StateKnobs, opts: dict, adapters: bool, tuning: str):
+def _offloads(sharding: Layout, bk: _StateKnobs, opts: dict, adapters: bool, tuning: str):
     """(offload, pin_memory, ratio, offload_param) tuples valid for this sharding. Knobs that do not
     apply carry the user's value, so they never show up as changes. Parameter offload is tried with
     optimizer offload only (the combination memfit's ZeRO-3 model covers); the user's own setting is
     always among the candidates."""
     keep = (bk.pin_memory, bk.ratio, bk.offload_param)
-    if sharding.startswith("fsdp:"):
+    if sharding.engine == "fsdp":
         yield "none", *keep
         if not adapters:
             yield "cpu", *keep
         return
-    stage = int(sharding[-1]) if sharding.startswith("zero") else 0
+    stage = sharding.zero_stage if sharding.engine == "deepspeed" else 0
     yield "none", bk.pin_memory, bk.ratio, "none" if stage == 3 else bk.offload_param
     if stage == 0 or adapters:
         return  # adapters' optimizer states are small: offloading them only slows the step
@@ -365,7 +396,7 @@ def _offloads(sharding: str, bk: _StateKnobs, opts: dict, adapters: bool, tuning
     ratios = [bk.ratio]
     if stage == 3:
         params = ["none"] + (["cpu"] if tuning != "qlora" and opts["offload_param"] else [])
-        ratios = _unique(([bk.ratio] if bk.sharding == "zero3" and bk.offload != "none" else []) + list(RATIOS))
+        ratios = _unique(([bk.ratio] if bk.sharding == ZERO3 and bk.offload != "none" else []) + list(RATIOS))
     if not opts.get("offload_ratio", True):
         ratios = [bk.ratio]
     pins = _unique([bk.pin_memory, True, False]) if opts.get("pin_memory", True) else [bk.pin_memory]
@@ -465,7 +496,7 @@ class Judged:
 def judge(e, resume: bool = True) -> Judged:
     hw = e.scenario.hardware
     host_peak = max(b.total for phase, b in e.host.phases.items() if resume or phase != "resume")
-    host_margin = None if hw.host_ram_bytes is None else hw.host_ram_bytes - host_peak
+    host_margin = None if hw.host_ram is None else hw.host_ram - host_peak
     return Judged(verdict_of(e.margin_bytes, hw.gpu.memory_bytes, host_margin), e.device_total.peak.total,
                    e.margin_bytes, host_peak, host_margin)
 
@@ -484,7 +515,7 @@ def _fits(e: Judged) -> bool:
 
 
 def several_models(s: Scenario) -> bool:
-    return s.method not in ("sft", "pt")
+    return methods.several_models(s.method)
 
 
 def estimate_any(s: Scenario):
@@ -557,9 +588,7 @@ def _method_facts(base: Scenario) -> dict | None:
     """catalog/methods.toml facts of a several-model method (Scenario has checked the name), else None."""
     if not several_models(base):
         return None
-    from memfit.roles.memory import method_facts
-
-    return method_facts(base.method)
+    return methods.method_facts(base.method)
 
 
 class _Search:
@@ -667,12 +696,12 @@ def _family(k: _StateKnobs) -> tuple:
     """Rows are one per approach: tuning, how the weights are laid out, what is offloaded. Optimizer,
     pin_memory and ratio variants of one approach compete for its row."""
     adapters = k.tuning in ("lora", "qlora")
-    if k.sharding in ("single", "ddp", "zero0", "fsdp:no_shard"):
+    if k.sharding.level == Sharding.NONE:
         layout = "replicated"
     elif adapters:  # adapter states are tiny: only sharding the frozen weights makes a difference
-        layout = "sharded" if k.sharding in ("zero3", "fsdp:full_shard", "fsdp:hybrid_shard") else "replicated"
+        layout = "sharded" if k.sharding.level == Sharding.PARAMETERS else "replicated"
     else:
-        layout = k.sharding
+        layout = str(k.sharding)
     return k.tuning, layout, k.offload != "none", k.offload_param != "none"
 
 
@@ -718,7 +747,7 @@ class _Ranking:
         device_gain = o.device_peak - e.device_peak
         host_gain = o.host_peak - e.host_peak
         return device_gain < MEMORY_TOLERANCE * hw.gpu.memory_bytes and (
-            hw.host_ram_bytes is None or host_gain < MEMORY_TOLERANCE * hw.host_ram_bytes)
+            hw.host_ram is None or host_gain < MEMORY_TOLERANCE * hw.host_ram)
 
     def floor(self, k: _StateKnobs) -> float:
         """Below this many tokens/s a candidate with these knobs can change no row: its approach already
@@ -767,9 +796,8 @@ def _code_edit(search: _Search, name: str, s: Scenario) -> CodeEdit | None:
     if name not in search.opts["edited"]:
         return None
     where = search.opts["code_edits"]
-    ds = s.deepspeed
-    values = {"pin_memory": [("pin_memory", ds.pin_memory)],
-              "ratio": [("ratio", ds.ratio), ("sub_group_size", ds.sub_group_size)]}[name]
+    values = {"pin_memory": [("pin_memory", s.pin_memory)],
+              "ratio": [("ratio", s.ratio), ("sub_group_size", s.sub_group_size)]}[name]
     return CodeEdit(where["file"], where["function"], tuple((where[key], value) for key, value in values))
 
 
@@ -859,7 +887,7 @@ def closest_miss(base: Scenario, allow: set[str] | None = None, global_batch: in
                     continue
                 e = search.estimate(c)
                 short = max(-e.margin / hw.gpu.memory_bytes,
-                            -e.host_margin / hw.host_ram_bytes if e.host_margin is not None else 0.0)
+                            -e.host_margin / hw.host_ram if e.host_margin is not None else 0.0)
                 if best_short is None or short < best_short:
                     best, best_short = c, short
     return _row(best, _measure(search, best, {})) if best else None

@@ -49,12 +49,14 @@ import tomllib
 from dataclasses import dataclass, field
 from functools import cache
 
+from memfit.dtypes import NF4_BYTES
 from memfit.facts.catalog import HERE, ModelSpec
-from memfit.memory.inventory import tuned_tensors
-from memfit.facts.scenario import LoraConfig, Scenario
+from memfit.facts.engines import Sharding, engine_of
+from memfit.facts.scenario import Scenario
+from memfit.memory.inventory import scenario_tensors, tuned_tensors
+from memfit.memory.states.common import partition_sizes
 
 GB = 1e9
-NF4_BYTES = 0.5625  # 4-bit + fp32 absmax per 64 (knobs.md D); only to size ZeRO-3 gathers of QLoRA bases
 
 
 @cache
@@ -90,10 +92,14 @@ class ParamCounts:
     backward_layer_fraction: float  # share of decoder layers backward runs through
 
 
+def param_counts(s: Scenario) -> ParamCounts:
+    return _param_counts(s.model, s.tuning, s.lora_rank, s.lora_targets, s.dora, s.freeze_trainable_layers)
+
+
 @cache
-def param_counts(model: ModelSpec, tuning: str, lora: LoraConfig | None, trainable_layers: int) -> ParamCounts:
-    tensors = tuned_tensors(model, tuning, lora.rank if lora else 8, lora.targets if lora else (),
-                            lora.dora if lora else False, trainable_layers)
+def _param_counts(model: ModelSpec, tuning: str, rank: int, targets: tuple, dora: bool,
+                  trainable_layers: int) -> ParamCounts:
+    tensors = tuned_tensors(model, tuning, rank, targets, dora, trainable_layers)
     expert_share = model.experts_per_token / model.num_experts if model.is_moe else 1.0
 
     def active(t) -> float:
@@ -202,19 +208,9 @@ def _link_bytes_per_second(s: Scenario) -> float:
     return max(rate, 0.1) * GB
 
 
-def _sharding(s: Scenario) -> str:
-    if s.engine == "deepspeed":
-        return f"zero{s.deepspeed.stage}"
-    if s.engine == "fsdp":
-        return s.fsdp.strategy
-    return s.engine  # single / ddp
-
-
 def _grad_bytes(s: Scenario) -> int:
     """dtype of the gradients that travel: fp32 when plain torch trains fp32 weights under autocast."""
-    if s.precision == "fp32":
-        return 4
-    if s.engine in ("single", "ddp") and s.precision.endswith("mixed") and s.tuning in ("full", "freeze"):
+    if s.precision == "fp32" or engine_of(s).fp32_grads(s) and s.tuning in ("full", "freeze"):
         return 4
     return 2
 
@@ -224,20 +220,14 @@ def _collectives(s: Scenario, p: ParamCounts) -> tuple[float, float]:
     n = s.world_size
     if n == 1:
         return 0.0, 0.0
+    engine = engine_of(s)
     ring = (n - 1) / n / _link_bytes_per_second(s)
-    kind = _sharding(s)
-    exposed = assumptions()["comm"]["exposed"].get(kind, 0.5)
+    exposed = assumptions()["comm"]["exposed"].get(engine.speed_key(s), 0.5)
     weights = p.quantized * NF4_BYTES + (p.total - p.quantized) * s.compute_bytes
     grads = p.trainable * _grad_bytes(s)
-    per_micro = per_step = 0.0
-    if kind in ("ddp", "zero0", "no_shard", "zero1"):  # all-reduce, or reduce-scatter + all-gather
-        per_step = 2 * grads
-    elif kind == "zero2":
-        per_micro, per_step = grads, grads
-    elif kind in ("zero3", "full_shard", "hybrid_shard"):
-        per_micro = 2 * weights + grads
-    elif kind == "shard_grad_op":
-        per_micro = weights + grads
+    t = engine.traffic(s)
+    per_micro = t.weights_per_micro * weights + t.grads_per_micro * grads
+    per_step = t.grads_per_step * grads
     return per_micro * ring * exposed, per_step * ring * exposed
 
 
@@ -247,42 +237,27 @@ def _host_link(s: Scenario, pinned: bool) -> float:
     return gbps * GB * (1.0 if pinned else o["pageable_fraction"])
 
 
-def _ratio_gpu_share(s: Scenario, psi: int) -> float:
-    """Share of the optimizer partition DeepSpeed keeps on the GPU under `ratio`: the first
-    floor((1 - ratio) * S) of S sub-groups (the rule memfit/memory/states.py models)."""
-    ds = s.deepspeed
-    part = -(-psi // s.world_size)
-    groups = max(1, -(-part // ds.sub_group_size))
-    return int((1 - ds.ratio) * groups) / groups
-
-
 def _optimizer_and_offload(s: Scenario, p: ParamCounts, bandwidth: float) -> tuple[dict[str, float], dict[str, float]]:
     """(per micro-step, per step) seconds of optimizer work and host transfers."""
     a = assumptions()
     o = a["offload"]
     n, g = s.world_size, s.hardware.gpus_per_node
-    kind = _sharding(s)
-    sharded = kind not in ("single", "ddp", "zero0", "no_shard")
-    local = p.trainable / n if sharded else p.trainable
+    engine = engine_of(s)
+    local = p.trainable / n if engine.sharding(s) >= Sharding.OPTIMIZER else p.trainable
     gpu_bytes = a["optimizer"].get(s.optimizer, 28)
     micro: dict[str, float] = {}
     step: dict[str, float] = {}
     host_share = 0.0
-    if s.engine == "deepspeed" and s.deepspeed.offload_optimizer != "none":
-        ds = s.deepspeed
-        host_share = 1.0 - (_ratio_gpu_share(s, p.trainable) if ds.stage == 3 else 0.0)
-        link = _host_link(s, ds.pin_memory)
-        micro["offload_transfer"] = local * host_share * 2 / link * o["exposed_transfer"]  # bf16 grads down
-        step["offload_transfer"] = local * host_share * 2 / link  # updated bf16 params up
-        step["cpu_optimizer"] = p.trainable * host_share * g / n / o["cpu_adam_params_per_second"]
-    elif s.engine == "fsdp" and s.fsdp.cpu_offload:
-        host_share = 1.0
-        link = _host_link(s, True)
-        fetch = 2 * (p.total / n) * s.compute_bytes / link * o["exposed_param_fetch"]
-        micro["offload_transfer"] = fetch + local * 4 / link * o["exposed_transfer"]
-        step["cpu_optimizer"] = p.trainable * g / n / o["torch_cpu_adam_params_per_second"]
-    if s.engine == "deepspeed" and s.deepspeed.offload_param != "none":
-        fetch = 2 * (p.total / n) * s.compute_bytes / _host_link(s, True)  # always pinned (states.py)
+    traffic = engine.offload_traffic(s)
+    if engine.optimizer_offload(s) != "none":
+        host_share = 1.0 - engine.optimizer_gpu_share(s, partition_sizes(s, scenario_tensors(s)))
+        link = _host_link(s, engine.pinned(s))
+        micro["offload_transfer"] = local * host_share * traffic.grad_bytes_down / link * o["exposed_transfer"]
+        if traffic.param_bytes_up:
+            step["offload_transfer"] = local * host_share * traffic.param_bytes_up / link
+        step["cpu_optimizer"] = p.trainable * host_share * g / n / o[engine.cpu_optimizer(s)]
+    if traffic.weight_fetches:  # offloaded weights are always pinned (memfit/memory/states)
+        fetch = traffic.weight_fetches * (p.total / n) * s.compute_bytes / _host_link(s, True)
         micro["offload_transfer"] = micro.get("offload_transfer", 0.0) + fetch * o["exposed_param_fetch"]
     gpu_step = local * (1.0 - host_share) * gpu_bytes / bandwidth
     if s.optimizer_in_backward:
@@ -299,7 +274,7 @@ def _optimizer_and_offload(s: Scenario, p: ParamCounts, bandwidth: float) -> tup
 def nograd_forward_seconds(s: Scenario) -> float:
     """One no-grad forward of a micro-batch (a reference / reward / rollout log-prob pass): the forward
     share of the matmuls, attention and element-wise work of `_micro_compute`, no backward, no recompute."""
-    p = param_counts(s.model, "full", None, s.model.num_layers)
+    p = _param_counts(s.model, "full", 8, (), False, s.model.num_layers)
     flop_rate, bandwidth = _rates(s)
     m, at = s.model, assumptions()["attention"]
     n = s.tokens_per_micro_batch
@@ -320,7 +295,7 @@ def gather_seconds(s: Scenario, param_bytes: float) -> float:
     n = s.world_size
     if n == 1:
         return 0.0
-    exposed = assumptions()["comm"]["exposed"].get(_sharding(s), 0.5)
+    exposed = assumptions()["comm"]["exposed"].get(engine_of(s).speed_key(s), 0.5)
     return param_bytes * (n - 1) / n / _link_bytes_per_second(s) * exposed
 
 
@@ -329,7 +304,7 @@ def host_link_bytes_per_second(s: Scenario, pinned: bool = True) -> float:
 
 
 def step_time(s: Scenario) -> StepTime:
-    p = param_counts(s.model, s.tuning, s.lora, s.freeze_trainable_layers)
+    p = param_counts(s)
     _, bandwidth = _rates(s)
     micro = _micro_compute(s, p)
     comm_micro, comm_step = _collectives(s, p)

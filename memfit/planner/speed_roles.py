@@ -19,28 +19,27 @@ from __future__ import annotations
 import math
 
 from memfit.facts.catalog import find_model
-from memfit.roles.memory import Generator, full_params, generator_facts, method_facts
-from memfit.facts.scenario import RlConfig, Scenario
+from memfit.facts.methods import generator_facts, method_facts
+from memfit.roles.memory import Generator, full_params
+from memfit.facts.engines import Sharding, engine_of
+from memfit.facts.scenario import Scenario
 from memfit.planner.speed import (GB, StepTime, assumptions, gather_seconds, host_link_bytes_per_second,
                           nograd_forward_seconds, param_counts, step_time)
-
-
-def _rl(s: Scenario) -> RlConfig:
-    return s.rl or RlConfig()
 
 
 def _weight_bytes(s: Scenario) -> int:
     return full_params(s.model) * s.compute_bytes
 
 
-def _zero3(s: Scenario) -> bool:
-    return s.engine == "deepspeed" and s.deepspeed.stage == 3
+def _sharded_frozen(s: Scenario) -> bool:
+    """A frozen model sharded like the policy is gathered again for each forward."""
+    return engine_of(s).frozen_sharded(s)
 
 
 def _frozen_forward(s: Scenario, offloaded: bool) -> float:
     """A frozen model's no-grad forward of one micro-batch, with its ZeRO-3 gather and offload fetch."""
     seconds = nograd_forward_seconds(s)
-    if _zero3(s):
+    if _sharded_frozen(s):
         weights = _weight_bytes(s)
         seconds += gather_seconds(s, weights)
         if offloaded:
@@ -56,38 +55,37 @@ def _finish(parts: dict[str, float], tokens: int) -> StepTime:
 
 def _single_process(s: Scenario, facts: dict) -> StepTime:
     rows = s.micro_batch * facts.get("rows_per_example", 1)
-    policy = s.with_changes(method="sft", rl=None, micro_batch=rows)
+    policy = s.with_changes(method="sft", micro_batch=rows)
     train = step_time(policy)
     parts = dict(train.breakdown)
-    if facts.get("reference") and not _rl(s).precompute_ref_log_probs:
-        ref = policy.with_changes(model=find_model(_rl(s).ref_model) if _rl(s).ref_model else s.model)
-        parts["reference_forward"] = s.grad_accum * _frozen_forward(ref, _rl(s).ref_offload)
+    if facts.get("reference") and not s.precompute_ref_log_probs:
+        ref = policy.with_changes(model=find_model(s.ref_model) if s.ref_model else s.model)
+        parts["reference_forward"] = s.grad_accum * _frozen_forward(ref, s.ref_offload)
     return _finish(parts, train.tokens_per_step)
 
 
 def _generation(s: Scenario, samples: int) -> float | None:
     """Seconds vLLM spends on one rollout of `samples` sequences; None when its KV cache cannot hold one."""
-    rl = _rl(s)
-    gen = Generator(s.model, rl.vllm_tp, rl.vllm_gpu_memory_utilization, rl.vllm_sleep,
+    gen = Generator(s.model, s.vllm_tp, s.vllm_gpu_memory_utilization, s.vllm_sleep,
                     s.hardware.gpu.memory_bytes, generator_facts())
     concurrent = gen.kv_cache // (gen.kv_bytes_per_token() * s.seq_len) if gen.kv_cache > 0 else 0
     if concurrent < 1:
         return None
-    engines = rl.vllm_engines or max(1, s.world_size // rl.vllm_tp)
+    engines = s.vllm_engines or max(1, s.world_size // s.vllm_tp)
     per_engine = math.ceil(samples / engines)
     r = assumptions()["roles"]
     steps = math.ceil(per_engine / concurrent) * s.seq_len * r["response_fraction"]
     bandwidth = s.hardware.gpu.memory_bandwidth_gbps * GB * r["decode_bandwidth_efficiency"]
     seconds = steps * gen.weights / bandwidth
-    if rl.vllm_sleep:  # weights to the host after the rollout, back before the next
+    if s.vllm_sleep:  # weights to the host after the rollout, back before the next
         seconds += 2 * gen.weights / host_link_bytes_per_second(s)
     return seconds
 
 
 def _sleep_seconds(trained: Scenario) -> float:
     """DeepSpeed sleep of one trained model: its optimizer states and gradients down and up once a step."""
-    p = param_counts(trained.model, trained.tuning, trained.lora, trained.freeze_trainable_layers)
-    sharded = trained.engine == "deepspeed" and trained.deepspeed.stage > 0
+    p = param_counts(trained)
+    sharded = engine_of(trained).sharding(trained) >= Sharding.OPTIMIZER
     local = p.trainable / (trained.world_size if sharded else 1)
     per_param = assumptions()["roles"]["deepspeed_sleep_bytes_per_param"]
     return 2 * local * per_param / host_link_bytes_per_second(trained)
@@ -95,26 +93,25 @@ def _sleep_seconds(trained: Scenario) -> float:
 
 def _ray(s: Scenario, facts: dict) -> StepTime:
     """One rollout cycle: generate, score (experience), train; tokens/s over the generated sequences."""
-    rl = _rl(s)
     samples = assumptions()["roles"]["rollout_samples"]
-    generate = _generation(s, samples) if rl.vllm_engines != 0 else 0.0
+    generate = _generation(s, samples) if s.vllm_engines != 0 else 0.0
     if generate is None:
         return StepTime(seconds=math.inf, tokens_per_second=0.0, tokens_per_step=0)
-    actor = s.with_changes(method="sft", rl=None)
-    reward_model = find_model(rl.reward_model) if rl.reward_model else s.model
-    trained = [actor] + ([actor.with_changes(model=find_model(rl.critic_model) if rl.critic_model else reward_model)]
+    actor = s.with_changes(method="sft")
+    reward_model = find_model(s.reward_model) if s.reward_model else s.model
+    trained = [actor] + ([actor.with_changes(model=find_model(s.critic_model) if s.critic_model else reward_model)]
                          if facts.get("critic") else [])
     train_steps = max(1, samples // (s.micro_batch * s.grad_accum * s.world_size))
     parts = {"generate": generate, "train": train_steps * sum(step_time(t).seconds for t in trained)}
-    rollout = actor.with_changes(micro_batch=rl.rollout_micro_batch or 1)
+    rollout = actor.with_changes(micro_batch=s.rollout_micro_batch or 1)
     passes = math.ceil(samples / s.world_size / rollout.micro_batch)
     frozen = [(rollout, False) for _ in trained]
-    if facts.get("reference") and rl.init_kl_coef > 0:
-        frozen.append((rollout, rl.ref_offload))
-    if facts.get("reward") and not rl.remote_reward:
-        frozen.append((rollout.with_changes(model=reward_model), rl.reward_offload))
+    if facts.get("reference") and s.init_kl_coef > 0:
+        frozen.append((rollout, s.ref_offload))
+    if facts.get("reward") and not s.remote_reward:
+        frozen.append((rollout.with_changes(model=reward_model), s.reward_offload))
     parts["experience"] = passes * sum(_frozen_forward(x, off) for x, off in frozen)
-    if rl.deepspeed_sleep and not (s.engine == "deepspeed" and s.deepspeed.offload_optimizer != "none"):
+    if s.deepspeed_sleep and engine_of(s).optimizer_offload(s) == "none":
         parts["deepspeed_sleep"] = sum(_sleep_seconds(t) for t in trained)
     return _finish(parts, samples * s.seq_len)
 

@@ -21,9 +21,10 @@ from memfit.breakdown import PHASES, Breakdown, PhaseProfile
 from memfit.facts.catalog import find_model
 from memfit.errors import MemfitError
 from memfit.memory.estimate import reserved_profile, verdict_of
-from memfit.roles.memory import (FrozenRole, Generator, TrainedRole, framework_facts, frozen_host, frozen_role,
-                                generator_facts, method_facts, trained_role)
-from memfit.facts.scenario import Hardware, RlConfig, Scenario
+from memfit.facts.methods import framework_facts, generator_facts, method_facts, reference, several_models
+from memfit.roles.memory import FrozenRole, Generator, TrainedRole, frozen_host, frozen_role, trained_role
+from memfit.facts.engines import engine_of
+from memfit.facts.scenario import Hardware, Scenario
 
 TRAIN_PHASES = ("forward", "backward", "optimizer_step")
 
@@ -171,7 +172,7 @@ class MultiEstimate:
             "per_rank": {"allocated": self.allocated.to_json(), "reserved": self.reserved.to_json(),
                          "device_total": self.device_total.to_json()},
             "host_per_node": self.host.to_json(),
-            "host_ram_bytes": s.hardware.host_ram_bytes,
+            "host_ram_bytes": s.hardware.host_ram,
             "verdict": self.verdict,
             "margin_bytes": self.margin_bytes,
             "host_margin_bytes": self.host_margin_bytes,
@@ -248,10 +249,6 @@ def _frozen_cache(b: Breakdown) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- shared pieces
-def _rl(s: Scenario) -> RlConfig:
-    return s.rl or RlConfig()
-
-
 def _model(name: str | None, default):
     return default if not name else find_model(name)
 
@@ -263,40 +260,10 @@ def _role(role: str, model, process: str, group: str, gpus: int, trains: bool, e
                         params, trainable, rows, seq, idle, active, host, list(notes))
 
 
-def _engine_words(s: Scenario) -> str:
-    if s.engine == "deepspeed":
-        ds = s.deepspeed
-        text = f"DeepSpeed ZeRO-{ds.stage}"
-        if ds.offload_optimizer != "none":
-            text += f", optimizer->{ds.offload_optimizer}"
-        return text
-    return {"fsdp": "FSDP", "ddp": "DDP", "single": "single GPU"}[s.engine]
-
-
-def _reference_needed(s: Scenario, facts: dict, fw: dict, notes: list[str]) -> str:
-    """'none', 'shared' (adapter-disable: no copy) or 'separate'."""
-    rl = _rl(s)
-    if not facts.get("reference") or (facts.get("generator") and rl.init_kl_coef == 0):
-        return "none"
-    if rl.precompute_ref_log_probs:
-        if facts.get("generator"):
-            raise MemfitError("PPO/GRPO score fresh rollouts: reference log-probs cannot be precomputed; "
-                              "drop --precompute-ref (or use --init-kl-coef 0 for no reference)")
-        if not fw.get("precompute_ref"):
-            raise MemfitError(f"profile {s.profile} cannot precompute reference log-probs (TRL's "
-                              f"precompute_ref_log_probs); drop --precompute-ref or use --profile trl")
-        notes.append("reference log-probs precomputed before training: no reference model while training")
-        return "none"
-    if s.tuning in ("lora", "qlora") and rl.ref_model is None and fw.get("lora_ref") == "adapter-disable":
-        return "shared"
-    if s.tuning in ("lora", "qlora") and fw.get("lora_ref") == "separate":
-        notes.append(f"{s.profile} loads a separate reference model even with LoRA")
-    return "separate"
-
-
-def reference_kind(s: Scenario) -> str:
-    """'none', 'shared' or 'separate': the reference this run holds (the trace builds the same one)."""
-    return _reference_needed(s, method_facts(s.method), framework_facts(s.profile), [])
+def _reference_needed(s: Scenario, notes: list[str]) -> str:
+    kind, why = reference(s)
+    notes.extend(why)
+    return kind
 
 
 # ---------------------------------------------------------------------------------------------- one process
@@ -310,12 +277,12 @@ def _single_process(s: Scenario, facts: dict, fw: dict, notes: list[str]) -> tup
     kind = fw["logits"]
     policy = trained_role(s, rows, kind, value_head)
     reserved = reserved_profile(policy.allocated, policy.states)
-    need_ref = _reference_needed(s, facts, fw, notes)
+    need_ref = _reference_needed(s, notes)
     ref = None
     if need_ref != "none":
-        ref_model = _model(_rl(s).ref_model, s.model)
+        ref_model = _model(s.ref_model, s.model)
         ref = frozen_role(s, ref_model, s.micro_batch * facts.get("rows_per_example", 1), kind, False,
-                          _rl(s).ref_offload, shares_policy=need_ref == "shared")
+                          s.ref_offload, shares_policy=need_ref == "shared")
         notes.extend(ref.notes)
     if facts.get("kl_rows"):
         notes.append("KTO's mismatched KL rows run as separate no-grad forwards of the same size (not on top)")
@@ -341,7 +308,7 @@ def _single_process(s: Scenario, facts: dict, fw: dict, notes: list[str]) -> tup
     hw = s.hardware
     processes = {"trainer": Process("trainer", "all", s.world_size, hw.nodes)}
     group = _group(f"all {s.world_size} GPUs", s.world_size, hw.gpu.memory_bytes, moments, processes)
-    roles = [_role("policy", s.model, "trainer", group.name, s.world_size, True, _engine_words(s), policy.params,
+    roles = [_role("policy", s.model, "trainer", group.name, s.world_size, True, engine_of(s).describe(s), policy.params,
                    policy.trainable, rows, s.seq_len, policy.allocated.phases["checkpoint_save"],
                    policy.allocated.peak, policy.host.peak.total,
                    [f"{rows} rows per micro-batch ({facts.get('rows_per_example', 1)} per example), log-probs: "
@@ -390,17 +357,17 @@ def _drivers(s: Scenario, policy: TrainedRole, ref: FrozenRole | None, group: Gp
 
 
 # ---------------------------------------------------------------------------------------------- Ray layout
-def _layout(s: Scenario, rl: RlConfig, present: list[str]) -> tuple[dict[str, str], dict[str, int]]:
+def _layout(s: Scenario, present: list[str]) -> tuple[dict[str, str], dict[str, int]]:
     """process -> GPU group, and GPUs per group (OpenRLHF placement groups, knobs.md E.2)."""
     world = s.world_size
-    asked = dict(rl.role_gpus)
+    asked = dict(s.role_gpus)
     groups: dict[str, str] = {}
     for proc in present:
-        if rl.colocate == "all":
+        if s.colocate == "all":
             groups[proc] = "all"
-        elif proc in ("actor", "ref") and "actor-ref" in rl.colocate:
+        elif proc in ("actor", "ref") and "actor-ref" in s.colocate:
             groups[proc] = "actor+ref"
-        elif proc in ("critic", "reward") and "critic-reward" in rl.colocate:
+        elif proc in ("critic", "reward") and "critic-reward" in s.colocate:
             groups[proc] = "critic+reward"
         else:
             groups[proc] = proc
@@ -408,15 +375,15 @@ def _layout(s: Scenario, rl: RlConfig, present: list[str]) -> tuple[dict[str, st
     for proc, g in groups.items():
         n = asked.get(proc, asked.get("actor", world)) if proc != "vllm" else None
         if proc == "vllm":
-            engines = rl.vllm_engines if rl.vllm_engines else max(1, asked.get("actor", world) // rl.vllm_tp)
-            n = engines * rl.vllm_tp
+            engines = s.vllm_engines if s.vllm_engines else max(1, asked.get("actor", world) // s.vllm_tp)
+            n = engines * s.vllm_tp
         sizes[g] = max(sizes.get(g, 0), n)
-    if rl.colocate == "all" and "vllm" in groups:
+    if s.colocate == "all" and "vllm" in groups:
         actor = asked.get("actor", world)
-        engines = rl.vllm_engines or actor // rl.vllm_tp
-        if engines * rl.vllm_tp != actor:
+        engines = s.vllm_engines or actor // s.vllm_tp
+        if engines * s.vllm_tp != actor:
             raise MemfitError(f"--colocate all needs actor GPUs ({actor}) == vLLM engines x tensor parallel "
-                              f"({engines} x {rl.vllm_tp}) (OpenRLHF train_ppo_ray.py assertion)")
+                              f"({engines} x {s.vllm_tp}) (OpenRLHF train_ppo_ray.py assertion)")
     return groups, sizes
 
 
@@ -424,55 +391,54 @@ def _role_scenario(s: Scenario, gpus: int, model=None) -> Scenario:
     hw = s.hardware
     per_node = min(gpus, hw.gpus_per_node)
     hardware = Hardware(gpu=hw.gpu, gpus_per_node=per_node, nodes=-(-gpus // per_node),
-                        host_ram_bytes=hw.host_ram_bytes)
+                        host_ram=hw.host_ram)
     engine = s.engine if gpus > 1 or s.engine != "ddp" else "single"
     if engine == "single" and gpus > 1:
         engine = "ddp"
-    return s.with_changes(hardware=hardware, engine=engine, model=model or s.model, method="sft", rl=None)
+    return s.with_changes(hardware=hardware, engine=engine, model=model or s.model, method="sft")
 
 
 def _ray_processes(s: Scenario, facts: dict, fw: dict, notes: list[str]):
     """PPO / GRPO in the OpenRLHF layout: one Ray actor process per role per GPU, vLLM workers beside them."""
-    rl = _rl(s)
     kind = fw["logits"]
-    rollout = rl.rollout_micro_batch or 1
-    need_ref = _reference_needed(s, facts, fw, notes) != "none"
+    rollout = s.rollout_micro_batch or 1
+    need_ref = _reference_needed(s, notes) != "none"
     present = ["actor"] + (["ref"] if need_ref else []) + (["critic"] if facts.get("critic") else [])
-    if facts.get("reward") and not rl.remote_reward:
+    if facts.get("reward") and not s.remote_reward:
         present.append("reward")
-    if facts.get("generator") and rl.vllm_engines != 0:
+    if facts.get("generator") and s.vllm_engines != 0:
         present.append("vllm")
-    groups, sizes = _layout(s, rl, present)
+    groups, sizes = _layout(s, present)
     hw = s.hardware
     cap = hw.gpu.memory_bytes
     roles: list[RoleEstimate] = []
     actor_s = _role_scenario(s, sizes[groups["actor"]])
     actor = trained_role(actor_s, s.micro_batch, kind)
     actor_reserved = reserved_profile(actor.allocated, actor.states)
-    reward_model = _model(rl.reward_model, s.model)
+    reward_model = _model(s.reward_model, s.model)
     critic = ref = reward = gen = None
     if "critic" in groups:
-        critic_s = _role_scenario(s, sizes[groups["critic"]], _model(rl.critic_model, reward_model))
+        critic_s = _role_scenario(s, sizes[groups["critic"]], _model(s.critic_model, reward_model))
         critic = trained_role(critic_s, s.micro_batch, kind, value_head=True)
         critic_reserved = reserved_profile(critic.allocated, critic.states)
     if "ref" in groups:
         ref_s = _role_scenario(s, sizes[groups["ref"]])
-        ref = frozen_role(ref_s, _model(rl.ref_model, s.model), rollout, kind, False, rl.ref_offload)
+        ref = frozen_role(ref_s, _model(s.ref_model, s.model), rollout, kind, False, s.ref_offload)
         notes.extend(ref.notes)
     if "reward" in groups:
         reward_s = _role_scenario(s, sizes[groups["reward"]])
-        reward = frozen_role(reward_s, reward_model, rollout, kind, True, rl.reward_offload)
+        reward = frozen_role(reward_s, reward_model, rollout, kind, True, s.reward_offload)
         notes.extend(n for n in reward.notes if n not in notes)
     if "vllm" in groups:
-        gen = Generator(s.model, rl.vllm_tp, rl.vllm_gpu_memory_utilization, rl.vllm_sleep, cap, generator_facts())
+        gen = Generator(s.model, s.vllm_tp, s.vllm_gpu_memory_utilization, s.vllm_sleep, cap, generator_facts())
         if gen.kv_cache <= gen.kv_bytes_per_token() * s.seq_len:
             notes.append(f"vLLM: weights {gen.weights / 2**30:.1f} GiB per GPU leave no KV cache for one "
                          f"{s.seq_len}-token sequence inside gpu_memory_utilization {gen.utilization}")
-    ds_sleep = rl.deepspeed_sleep
-    if ds_sleep and s.engine == "deepspeed" and s.deepspeed.offload_optimizer != "none":
+    ds_sleep = s.deepspeed_sleep
+    if ds_sleep and engine_of(s).optimizer_offload(s) != "none":
         notes.append("DeepSpeed sleep is a no-op with Adam offload (OpenRLHF offload_deepspeed_states)")
         ds_sleep = False
-    vllm_rest = (gen.asleep() if rl.vllm_sleep else gen.awake()) if gen else None
+    vllm_rest = (gen.asleep() if s.vllm_sleep else gen.awake()) if gen else None
 
     def idle(proc: str) -> Holding:
         if proc == "actor":
@@ -521,10 +487,10 @@ def _ray_processes(s: Scenario, facts: dict, fw: dict, notes: list[str]):
             moments[f"train:{phase}" if phase in TRAIN_PHASES else phase] = [
                 _trained_holding(proc, role, tr, phase, res) for proc, role, tr, res in trainers] + others(busy)
     if gen:
-        sync = gen.weights_only() if rl.vllm_sleep else gen.awake()
+        sync = gen.weights_only() if s.vllm_sleep else gen.awake()
         moments["weight_sync"] = others(set(), Holding("vllm", "generator", sync))
     # one GpuGroup per distinct group, from the holdings of its processes
-    processes = {p: Process(p, g, sizes[g] if p != "vllm" else rl.vllm_tp, -(-sizes[g] // hw.gpus_per_node))
+    processes = {p: Process(p, g, sizes[g] if p != "vllm" else s.vllm_tp, -(-sizes[g] // hw.gpus_per_node))
                  for p, g in groups.items()}
     out_groups = []
     for g in dict.fromkeys(groups.values()):
@@ -536,14 +502,14 @@ def _ray_processes(s: Scenario, facts: dict, fw: dict, notes: list[str]):
     # roles
     a_peak = actor.allocated.peak
     roles.append(_role("policy", s.model, "actor", group_of["actor"], sizes[groups["actor"]], True,
-                       _engine_words(actor_s), actor.params, actor.trainable, s.micro_batch, s.seq_len,
+                       engine_of(actor_s).describe(actor_s), actor.params, actor.trainable, s.micro_batch, s.seq_len,
                        actor.idle(ds_sleep), a_peak, actor.host.peak.total,
                        [f"train micro-batch {s.micro_batch}, rollout micro-batch {rollout}, log-probs {kind}"]
                        + (["DeepSpeed sleep: optimizer states, fp32 master and grads on host between fits"]
                           if ds_sleep else [])))
     if critic:
         roles.append(_role("critic", critic.scenario.model, "critic", group_of["critic"], sizes[groups["critic"]],
-                           True, _engine_words(critic.scenario), critic.params, critic.trainable, s.micro_batch,
+                           True, engine_of(critic.scenario).describe(critic.scenario), critic.params, critic.trainable, s.micro_batch,
                            s.seq_len, critic.idle(ds_sleep), critic.allocated.peak, critic.host.peak.total,
                            ["value head instead of lm_head"]))
     for proc, role, fr in (("ref", "reference", ref), ("reward", "reward", reward)):
@@ -590,8 +556,8 @@ def _ray_host(s, actor, critic, ref, reward, gen, ds_sleep, groups, sizes) -> Ph
 
 # ---------------------------------------------------------------------------------------------- entry point
 def estimate_roles(s: Scenario) -> MultiEstimate:
-    if s.method not in method_names():
-        raise MemfitError(f"estimate_roles handles {', '.join(method_names())}; use estimate() for {s.method}")
+    if not several_models(s.method):
+        raise MemfitError(f"estimate_roles handles several-model methods; use estimate() for {s.method}")
     facts = method_facts(s.method)
     fw = framework_facts(s.profile)
     notes: list[str] = []
@@ -602,7 +568,7 @@ def estimate_roles(s: Scenario) -> MultiEstimate:
     worst = min(groups, key=lambda g: g.margin_bytes)
     host: PhaseProfile = extra["host"]
     capacity = s.hardware.gpu.memory_bytes
-    host_margin = None if s.hardware.host_ram_bytes is None else s.hardware.host_ram_bytes - host.peak.total
+    host_margin = None if s.hardware.host_ram is None else s.hardware.host_ram - host.peak.total
     policy: TrainedRole = extra["policy"]
     return MultiEstimate(
         scenario=s, method=s.method, total_params=policy.params, trainable_params=policy.trainable,
@@ -614,10 +580,3 @@ def estimate_roles(s: Scenario) -> MultiEstimate:
                      f"log-probs computed as '{fw['logits']}' (catalog/methods.toml); the --loss setting does not apply"]
         + list(s.assumed) + notes + policy.states.notes,
     )
-
-
-def method_names() -> tuple[str, ...]:
-    from memfit.roles.memory import facts
-
-    return tuple(facts()["method"])
-

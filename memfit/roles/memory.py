@@ -18,33 +18,18 @@ from memfit.breakdown import Breakdown, PhaseProfile
 from memfit.facts.catalog import HERE, ModelSpec
 from memfit.memory.estimate import allocated_profile
 from memfit.memory.host import host_profile
-from memfit.memory.inventory import ParamTensor, tuned_tensors
+from memfit.facts.engines import engine_of
+from memfit.facts.methods import logits_facts
+from memfit.memory.inventory import ParamTensor, scenario_tensors, tuned_tensors
 from memfit.facts.scenario import Scenario
-from memfit.memory.states import HostBuffer, ModelStates, model_states
-
-
-@cache
-def facts() -> dict:
-    with open(HERE / "methods.toml", "rb") as f:
-        return tomllib.load(f)
-
-
-def method_facts(method: str) -> dict:
-    return facts()["method"][method]
-
-
-def framework_facts(profile: str) -> dict:
-    table = facts()["framework"]
-    return table.get(profile, table["default"])
+from memfit.memory.states import HostBuffer, ModelStates, frozen_copy, model_states
 
 
 # ---------------------------------------------------------------------------------------------- inventory
 def role_tensors(s: Scenario, value_head: bool) -> list[ParamTensor]:
     """The role's parameters: the tuned inventory; a value-head model (reward model, critic) is the backbone
     without lm_head plus Linear(hidden, 1) (OpenRLHF models/model.py get_llm_for_sequence_regression)."""
-    lora = s.lora
-    tensors = tuned_tensors(s.model, s.tuning, lora.rank if lora else 8, lora.targets if lora else (),
-                            lora.dora if lora else False, s.freeze_trainable_layers)
+    tensors = scenario_tensors(s)
     if not value_head:
         return tensors
     h = s.model.hidden_size
@@ -69,7 +54,7 @@ def logit_terms(s: Scenario, kind: str, tokens: int, value_head: bool, head_trai
         small = tokens * (b + 4)
         return LogitTerms(small, tokens * 4, small, small, tokens * b)
     v, h = s.model.vocab_size, s.model.hidden_size
-    f = facts()["logits"][kind]
+    f = logits_facts(kind)
     if kind == "trl_fused":
         tile = min(tokens, f["tile_tokens"]) * min(v, f["tile_vocab"]) * b
         per_token = tokens * f["per_token_fp32"] * 4
@@ -148,7 +133,7 @@ def frozen_scenario(s: Scenario, model: ModelSpec, rows: int) -> Scenario:
     """A frozen model's forward: 16-bit weights (the frameworks load the reference in the policy's dtype and
     DeepSpeed casts it), no adapters, the layer transients of a checkpoint-free no-grad pass."""
     precision = s.precision.replace("mixed", "pure")
-    return s.with_changes(model=model, tuning="full", lora=None, precision=precision, checkpointing="full",
+    return s.with_changes(model=model, tuning="full", precision=precision, checkpointing="full",
                           micro_batch=rows, autocast=False, kbit_upcast=False, optimizer_in_backward=False)
 
 
@@ -162,7 +147,7 @@ def frozen_forward(fs: Scenario, logits_kind: str, value_head: bool, gathered: i
     hidden = act.layer_checkpoint  # one [rows, T, hidden] tensor in the residual dtype
     in_layer = 2 * hidden + act.layer_forward_transient + act.shared_masks
     terms = logit_terms(fs, logits_kind, fs.tokens_per_micro_batch, value_head, False)
-    inside_head = facts()["logits"][logits_kind].get("inside_head", False)
+    inside_head = logits_facts(logits_kind).get("inside_head", False)
     head_gathered = gathered if inside_head and not value_head else 0
     at_head = hidden + terms.nograd + head_gathered
     if at_head >= in_layer + gathered:
@@ -205,32 +190,10 @@ def frozen_role(s: Scenario, model: ModelSpec, rows: int, logits_kind: str, valu
     any other stage or DDP, an FSDP shard under FSDP; no copy at all when it is the policy with adapters off."""
     fs = frozen_scenario(s, model, rows)
     tensors = role_tensors(fs, value_head)
-    lp = fs.compute_bytes
-    phi = sum(t.total for t in tensors)
-    notes: list[str] = []
-    gathered = host = 0
-    n = fs.world_size
     if shares_policy:
-        engine, resident = "the policy with its LoRA adapters disabled (no second copy)", 0
-    elif s.engine == "deepspeed" and s.deepspeed.stage == 3:
-        ds = s.deepspeed
-        persistent = sum(t.total for t in tensors if t.numel < ds.param_persistence_threshold) * lp
-        largest = max(t.numel for t in tensors)
-        gathered = (largest + min(ds.prefetch_bucket_size, ds.max_live_parameters)) * lp
-        part = -(-phi * lp // n)
-        if offload:
-            engine, resident, host = "DeepSpeed ZeRO-3 inference engine, params offloaded to CPU", persistent, part
-        else:
-            engine, resident = "DeepSpeed ZeRO-3 inference engine (sharded like the policy)", part + persistent
-    elif s.engine == "fsdp" and s.fsdp.strategy != "no_shard":
-        engine, resident = "FSDP shard (evaluation mode)", -(-phi * lp // n)
-        unit = sum(t.total for t in tensors if t.per_layer) // max(model.num_layers, 1)
-        gathered = 2 * unit * lp
+        engine, resident, gathered, host, notes = "the policy with its LoRA adapters disabled (no second copy)", 0, 0, 0, []
     else:
-        stage = "DeepSpeed stage 0" if s.engine == "deepspeed" else s.engine
-        engine, resident = f"full 16-bit replica on every GPU ({stage})", phi * lp
-        if offload:
-            notes.append("reference/reward offload sets offload_param, which only ZeRO-3 honours: ignored here")
+        engine, resident, gathered, host, notes = frozen_copy(fs, tensors, offload)
     return FrozenRole(fs, tensors, engine, resident, gathered, host, frozen_forward(fs, logits_kind, value_head, gathered),
                       notes)
 
@@ -239,10 +202,10 @@ def frozen_host(fr: FrozenRole, gpus_per_node: int) -> PhaseProfile:
     """Host RAM per node of a frozen role's processes: the process baseline, its load copies, pinned offload."""
     model_bytes = fr.params * fr.scenario.compute_bytes
     base = overheads.PROCESS_HOST_BASELINE * gpus_per_node
-    steady = Breakdown({"runtime_overhead": base, "weights": HostBuffer("offload", fr.host_per_rank, True).resident
+    steady = Breakdown({"runtime_overhead": base, "weights": HostBuffer("offload", fr.host_per_rank, "weights", pinned=True).resident
                         * gpus_per_node})
-    zero3 = fr.scenario.engine == "deepspeed" and fr.scenario.deepspeed.stage == 3
-    load = steady.plus("weights", model_bytes if zero3 else model_bytes * gpus_per_node)
+    once = engine_of(fr.scenario).frozen_loads_once_per_node(fr.scenario)
+    load = steady.plus("weights", model_bytes if once else model_bytes * gpus_per_node)
     return PhaseProfile({"load": load, "forward": steady, "backward": steady, "optimizer_step": steady,
                          "checkpoint_save": steady, "resume": steady})
 
@@ -297,5 +260,3 @@ def full_params(model: ModelSpec) -> int:
     return sum(t.total for t in tuned_tensors(model, "full"))
 
 
-def generator_facts() -> dict:
-    return facts()["generator"]["vllm"]

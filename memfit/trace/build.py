@@ -257,13 +257,13 @@ def lora_target_modules(spec: ModelSpec, built_family: str, targets: tuple[str, 
 def apply_lora(model, scenario: Scenario, family: str):
     from peft import LoraConfig, get_peft_model
 
-    lora = scenario.lora
+    s = scenario
     config = LoraConfig(
-        r=lora.rank,
-        lora_alpha=lora.alpha if lora.alpha is not None else 2 * lora.rank,
-        lora_dropout=lora.dropout,
-        target_modules=lora_target_modules(scenario.model, family, lora.targets),
-        use_dora=lora.dora,
+        r=s.lora_rank,
+        lora_alpha=s.lora_alpha if s.lora_alpha is not None else 2 * s.lora_rank,
+        lora_dropout=s.lora_dropout,
+        target_modules=lora_target_modules(s.model, family, s.lora_targets),
+        use_dora=s.dora,
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)

@@ -10,7 +10,7 @@ What one step does (openrlhf/trainer/dpo_trainer.py `fit`, models/actor.py `forw
    the fp32 logits for backward. `_get_batch_logps` masks the prompts and sums per row.
 3. The reference's forward on the same rows under `torch.no_grad()`, after the policy's, while the policy's
    saved activations and fp32 logits wait for backward: a separate frozen 16-bit model, which OpenRLHF loads
-   with LoRA too (catalog/methods.toml lora_ref = "separate"; memfit.roles.estimate.reference_kind decides it for
+   with LoRA too (catalog/methods.toml lora_ref = "separate"; memfit.facts.methods.reference decides it for
    both the estimate and this trace).
 4. `DPOLoss` (sigmoid, or IPO's square), backward, clip, optimizer step: the rest of `run._train_step`.
 
@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from memfit.errors import MemfitError
+from memfit.facts.methods import framework_facts, reference
 from memfit.facts.scenario import Scenario
 from memfit.trace.accountant import Accountant
 from memfit.trace.build import BuiltModel, build_model
@@ -37,15 +38,11 @@ LOGITS_KINDS = ("fp32_cast",)  # the frameworks' log-prob handling this module r
 
 
 def reference_kind(scenario: Scenario) -> str:
-    """'none', 'shared' (the policy with adapters disabled) or 'separate', as memfit's estimate decides."""
-    from memfit.roles.estimate import reference_kind as kind
-
-    return kind(scenario)
+    """'none', 'shared' (the policy with adapters disabled) or 'separate', as the framework holds it."""
+    return reference(scenario)[0]
 
 
 def check_supported(scenario: Scenario) -> None:
-    from memfit.roles.memory import framework_facts
-
     fw = framework_facts(scenario.profile)
     if scenario.method not in ("dpo", "ipo"):
         raise MemfitError(f"trace runs sft, pt, dpo and ipo steps; method {scenario.method!r} is not traced yet")
@@ -64,11 +61,10 @@ def reference_scenario(scenario: Scenario) -> Scenario:
     architecture, whole, in the 16-bit compute dtype, no adapters, no checkpointing."""
     from memfit.facts.catalog import find_model
 
-    rl = scenario.rl
-    model = find_model(rl.ref_model) if rl is not None and rl.ref_model else scenario.model
-    return scenario.with_changes(model=model, tuning="full", lora=None, precision=scenario.precision.replace(
-        "mixed", "pure"), checkpointing="off", autocast=False, kbit_upcast=False, optimizer_in_backward=False,
-        method="sft", rl=None)
+    model = find_model(scenario.ref_model) if scenario.ref_model else scenario.model
+    return scenario.with_changes(model=model, tuning="full", precision=scenario.precision.replace("mixed", "pure"),
+                                 checkpointing="off", autocast=False, kbit_upcast=False, optimizer_in_backward=False,
+                                 method="sft")
 
 
 def build_reference(scenario: Scenario, fake_mode) -> BuiltModel:

@@ -23,6 +23,7 @@ import torch
 
 from memfit.breakdown import CATEGORIES, Breakdown, PhaseProfile
 from memfit.errors import MemfitError
+from memfit.facts.methods import several_models
 from memfit.facts.scenario import Scenario
 from memfit.trace.accountant import TRAINING_PHASES, Accountant, TimelinePoint
 from memfit.trace.build import BuiltModel, build_model
@@ -179,7 +180,7 @@ def _host_transfer(acc: Accountant) -> HostTransfer:
 
 # ---------------------------------------------------------------------------------------------- the trace
 def _check_supported(scenario: Scenario) -> None:
-    if scenario.method not in ("sft", "pt"):
+    if several_models(scenario.method):
         from memfit.trace.dpo import check_supported
 
         check_supported(scenario)
@@ -265,7 +266,7 @@ def batch_facts(scenario: Scenario):
 
 def _batch_and_loss(acc, built, reference, scenario, pad_tokens, fake):
     """The micro-batch and the forward that turns it into the loss: HF's (SFT) or OpenRLHF's DPO step."""
-    if scenario.method in ("sft", "pt"):
+    if not several_models(scenario.method):
         # HF compute_loss returns the loss only: the output with its logits dies with this call
         return make_batch(scenario, pad_tokens, fake, acc), lambda batch: built.model(**batch.kwargs).loss
     from memfit.trace import dpo
@@ -276,7 +277,7 @@ def _batch_and_loss(acc, built, reference, scenario, pad_tokens, fake):
 
 def _preference_models(scenario: Scenario, built: BuiltModel, fake_mode) -> BuiltModel | None:
     """DPO / IPO: OpenRLHF's changes to the policy, and its separate reference model (None for SFT)."""
-    if scenario.method in ("sft", "pt"):
+    if not several_models(scenario.method):
         return None
     from memfit.trace.dpo import build_reference, prepare_policy
 
@@ -340,8 +341,8 @@ def _summary(scenario: Scenario) -> dict:
         "tuning": scenario.tuning, "precision": scenario.precision, "optimizer": scenario.optimizer,
         "attention": scenario.attention, "checkpointing": scenario.checkpointing, "reentrant": scenario.reentrant,
         "padding": scenario.padding, "micro_batch": scenario.micro_batch, "seq_len": scenario.seq_len,
-        "lora_rank": scenario.lora.rank if scenario.lora else None, "gpu": scenario.hardware.gpu.id,
-    } | ({"method": scenario.method} if scenario.method not in ("sft", "pt") else {})
+        "lora_rank": scenario.lora_rank if scenario.uses_adapters else None, "gpu": scenario.hardware.gpu.id,
+    } | ({"method": scenario.method} if several_models(scenario.method) else {})
 
 
 def _notes(scenario: Scenario, built: BuiltModel, fake: bool, target: CudaTarget, pad_tokens: int,

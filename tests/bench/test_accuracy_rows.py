@@ -89,7 +89,7 @@ def test_fingerprint_keeps_to_what_the_trace_reads():
     s = FULL.scenario()
     key = accuracy.fingerprint(s)
     assert accuracy.fingerprint(replace(s, grad_accum=8)) == key  # the trace runs one micro-batch per step
-    assert accuracy.fingerprint(replace(s, hardware=replace(s.hardware, host_ram_bytes=2**40))) == key
+    assert accuracy.fingerprint(replace(s, hardware=replace(s.hardware, host_ram=2**40))) == key
     assert accuracy.fingerprint(replace(s, seq_len=128)) != key
     assert accuracy.fingerprint(replace(s, checkpointing="full")) != key
 

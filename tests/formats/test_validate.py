@@ -214,7 +214,7 @@ def _planned_code_edits():
     from memfit.facts.profiles import build_scenario
     from memfit.facts.scenario import Hardware
 
-    hw = Hardware(gpu=find_gpu("a100-80gb"), gpus_per_node=8, host_ram_bytes=1_400_000_000_000)
+    hw = Hardware(gpu=find_gpu("a100-80gb"), gpus_per_node=8, host_ram=1_400_000_000_000)
     base = build_scenario(find_model("Qwen/Qwen2.5-72B-Instruct"), hw,
                           {"zero_stage": 3, "offload_optimizer": "cpu", "micro_batch": 1, "seq_len": 2048,
                            "checkpointing": "full"}, "openrlhf")

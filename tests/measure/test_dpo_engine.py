@@ -10,7 +10,7 @@ import pytest
 
 from memfit.facts.catalog import ModelSpec, architectures, find_gpu
 from memfit.roles.estimate import estimate_roles
-from memfit.facts.scenario import DeepSpeedConfig, Hardware, Scenario
+from memfit.facts.scenario import Hardware, Scenario
 
 N = 2
 H, VOCAB = 128, 4096
@@ -26,10 +26,10 @@ def tiny_llama() -> ModelSpec:
 
 def dpo(stage: int) -> Scenario:
     # buckets as bench/engine.py's rows (HF "auto" fills), so model states and DPO terms dominate the peak
-    ds = DeepSpeedConfig(stage=stage, reduce_bucket_size=H * H, prefetch_bucket_size=int(0.9 * H * H),
-                         param_persistence_threshold=10 * H)
+    ds = dict(zero_stage=stage, reduce_bucket_size=H * H, prefetch_bucket_size=int(0.9 * H * H),
+              param_persistence_threshold=10 * H)
     return Scenario(model=tiny_llama(), hardware=Hardware(gpu=find_gpu("a100-80gb"), gpus_per_node=N),
-                    method="dpo", profile="openrlhf", engine="deepspeed", deepspeed=ds, adapter_dtype="bf16",
+                    method="dpo", profile="openrlhf", engine="deepspeed", **ds, adapter_dtype="bf16",
                     precision="bf16-mixed", optimizer="adamw-fused", micro_batch=2, seq_len=64)
 
 
@@ -54,7 +54,7 @@ def _estimate_peak(s: Scenario) -> int:
 def test_dpo_device_peak_agrees_with_the_estimate(measured):
     for s, result in measured:
         measured_peak, est = _device_peak(result), _estimate_peak(s)
-        assert abs(est - measured_peak) / measured_peak * 100 <= TOLERANCE_PCT, (s.deepspeed.stage, est, measured_peak)
+        assert abs(est - measured_peak) / measured_peak * 100 <= TOLERANCE_PCT, (s.zero_stage, est, measured_peak)
 
 
 def test_reference_is_a_replica_beside_zero2_and_sharded_under_zero3(measured):

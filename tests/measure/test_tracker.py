@@ -10,7 +10,7 @@ from memfit.facts.catalog import find_gpu, find_model
 from memfit.errors import MemfitError
 from memfit.measure.launch import plan
 from memfit.measure.tracker import MemoryTracker
-from memfit.facts.scenario import DeepSpeedConfig, Hardware, LoraConfig, Scenario
+from memfit.facts.scenario import Hardware, Scenario
 
 MB = 2**20
 
@@ -72,13 +72,13 @@ def test_build_context_is_host_and_logits_context_is_logits():
 
 def _scenario(**changes) -> Scenario:
     s = Scenario(model=find_model("qwen2-0.5b-instruct"), hardware=Hardware(gpu=find_gpu("a100-80gb"), gpus_per_node=2),
-                 engine="deepspeed", deepspeed=DeepSpeedConfig(stage=3))
+                 engine="deepspeed", zero_stage=3)
     return s.with_changes(**changes)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="refusals are for machines without CUDA")
 def test_what_a_cpu_cannot_run_is_refused_in_one_line():
-    cases = [({"tuning": "qlora", "lora": LoraConfig()}, {}, "QLoRA needs bitsandbytes"),
+    cases = [({"tuning": "qlora"}, {}, "QLoRA needs bitsandbytes"),
              ({"optimizer": "paged-adamw-8bit"}, {}, "bitsandbytes, which needs CUDA"),
              ({"attention": "flash"}, {"allow_substitutions": False}, "flash-attention 2 needs CUDA")]
     for changes, kwargs, expected in cases:
@@ -92,7 +92,7 @@ def test_flash_attention_runs_as_sdpa_and_says_so():
     adjusted, notes = plan(_scenario(attention="flash"))
     assert adjusted.attention == "sdpa"
     assert any("sdpa instead of flash" in n for n in notes)
-    adjusted, notes = plan(_scenario(tuning="lora", lora=LoraConfig()))
+    adjusted, notes = plan(_scenario(tuning="lora"))
     assert adjusted.adapter_dtype == "bf16"  # ZeRO-3 flattens one dtype per group
 
 

@@ -11,7 +11,7 @@ import math
 import pytest
 
 from memfit.facts.catalog import ModelSpec, architectures, find_gpu
-from memfit.facts.scenario import DeepSpeedConfig, Hardware, Scenario
+from memfit.facts.scenario import Hardware, Scenario
 
 N = 2
 BUCKET = 50_000  # elements
@@ -38,8 +38,8 @@ def measured():
 
     spec = tiny_llama()
     s = Scenario(model=spec, hardware=Hardware(gpu=find_gpu("a100-80gb"), gpus_per_node=N), engine="deepspeed",
-                 deepspeed=DeepSpeedConfig(stage=3, offload_optimizer="cpu", pin_memory=True, reduce_bucket_size=BUCKET,
-                                           param_persistence_threshold=PERSIST),
+                 zero_stage=3, offload_optimizer="cpu", pin_memory=True, reduce_bucket_size=BUCKET,
+                 param_persistence_threshold=PERSIST,
                  micro_batch=2, seq_len=32)
     return s, run_measure(s, steps=2, timeout=600)
 

@@ -3,29 +3,15 @@ import json
 
 import pytest
 
-from memfit.interfaces.cli.main import _Parser
 from memfit.errors import MemfitError
-from memfit.interfaces.cli.plan import add_plan_command
+from memfit.interfaces.cli.main import build_parser
 
 QWEN = ["plan", "Qwen/Qwen2-7B-Instruct", "--gpu", "rtx4090", "--gpus", "4", "--profile", "openrlhf", "--tuning",
         "full", "--zero", "3", "--micro-batch", "4", "--seq", "128", "--ckpt", "--attn", "flash"]
 
 
-def _parser():
-    """memfit's parser once cli.build_parser registers `plan`; until then one with `plan` alone."""
-    from memfit.interfaces.cli.main import build_parser
-
-    try:
-        build_parser().parse_args(["plan", "qwen2-7b", "--gpu", "rtx4090"])
-        return build_parser()
-    except MemfitError:
-        parser = _Parser(prog="memfit")
-        add_plan_command(parser.add_subparsers(dest="command", required=True, parser_class=_Parser))
-        return parser
-
-
 def run(argv) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     return args.run(args)
 
 

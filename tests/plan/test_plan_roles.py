@@ -4,7 +4,7 @@ DeepSpeed sleep, micro-batch, checkpointing), and each usual fix shown with what
 import time
 from dataclasses import replace
 
-from memfit.planner.search import _Search, baseline, plan
+from memfit.planner.search import ZERO3, _Search, baseline, plan
 from memfit.roles.estimate import estimate_roles
 from memfit.planner.speed_roles import roles_step_time
 
@@ -17,7 +17,7 @@ USUAL_PPO_FIXES = {"vllm_gpu_memory_utilization", "vllm_sleep", "deepspeed_sleep
 
 
 def _rl(s, **knobs):
-    return s.with_changes(rl=replace(s.rl, **knobs))
+    return s.with_changes(**knobs)
 
 
 def test_glm4_dpo_eager_oom_is_fixed_by_flash_attention_first(scenario):
@@ -39,14 +39,14 @@ def test_glm4_dpo_eager_oom_is_fixed_by_flash_attention_first(scenario):
 
 def test_reference_offload_is_offered_only_under_zero3_and_moves_weights_to_the_host(scenario):
     rows = plan(scenario(**GLM_DPO), set(), 128, top_k=10)
-    offloaded = [r for r in rows if r.scenario.rl.ref_offload]
+    offloaded = [r for r in rows if r.scenario.ref_offload]
     assert offloaded
     for r in offloaded:
-        assert r.scenario.deepspeed.stage == 3  # get_eval_ds_config honours offload_param only at stage 3
+        assert r.scenario.zero_stage == 3  # get_eval_ds_config honours offload_param only at stage 3
         c = next(c for c in r.changes if c.knob == "ref_offload")
         assert c.device_saving_bytes > GiB and c.host_saving_bytes < 0
     z2 = scenario(**{**GLM_DPO, "zero_stage": 2})
-    assert not any(k.ref_offload for k in _Search(z2, set(), 128).states if k.sharding != "zero3")
+    assert not any(k.ref_offload for k in _Search(z2, set(), 128).states if k.sharding != ZERO3)
 
 
 def test_the_reference_forward_costs_time_and_its_offload_more(scenario):
@@ -90,7 +90,7 @@ def test_ppo_fixes_are_tried_only_where_they_act(scenario):
     # --colocate_all_models (train_ppo_ray.py turns it off otherwise); frozen-model offload needs ZeRO-3
     states = _Search(scenario(**PPO), set(), None).states
     assert not any(k.deepspeed_sleep and k.offload != "none" for k in states)
-    assert not any((k.ref_offload or k.reward_offload) and k.sharding != "zero3" for k in states)
+    assert not any((k.ref_offload or k.reward_offload) and k.sharding != ZERO3 for k in states)
     apart = _Search(scenario(**{**PPO, "colocate": "actor-ref"}), set(), None).states
     assert not any(k.vllm_sleep for k in apart)
 

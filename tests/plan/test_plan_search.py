@@ -24,7 +24,7 @@ def test_the_qwen2_7b_zero3_oom_gets_a_fitting_plan_with_adam_offload(scenario):
     assert estimate(base).verdict == "oom"
     rows = plan(base, set(), None)
     assert rows
-    assert any(r.scenario.deepspeed.offload_optimizer == "cpu" for r in rows[:3])
+    assert any(r.scenario.offload_optimizer == "cpu" for r in rows[:3])
     offload = next(c for c in rows[0].changes if c.knob == "offload")
     assert offload.after == "cpu" and offload.needed_to_fit
     assert offload.device_saving_bytes > 20 * 2**30  # fp32 master + Adam moved to the host
@@ -55,7 +55,7 @@ def test_host_ram_limits_the_plan(scenario):
     """Adam offload needs ~250 GiB of host RAM for 4 ranks of Qwen2-7B: with 64 GiB it must not be offered."""
     rows = plan(scenario(**QWEN, host_ram=64 * 2**30), {"lora"}, None)
     assert rows
-    assert all(r.scenario.deepspeed is None or r.scenario.deepspeed.offload_optimizer == "none" for r in rows)
+    assert all(r.scenario.engine != "deepspeed" or r.scenario.offload_optimizer == "none" for r in rows)
     assert all(r.host_peak_bytes <= 64 * 2**30 for r in rows)
 
 
@@ -93,11 +93,10 @@ def test_the_frameworks_constraints_hold_in_every_row(scenario):
     for base in bases:
         for r in plan(base, {"lora", "qlora", "8bit"}, None, top_k=10):
             s = r.scenario
-            if s.deepspeed:
-                ds = s.deepspeed
-                assert ds.ratio == 1.0 or (ds.stage == 3 and ds.offload_optimizer != "none")
-                assert ds.offload_param == "none" or ds.stage == 3
-                assert ds.offload_optimizer == "none" or ds.stage > 0
+            if s.engine == "deepspeed":
+                assert s.ratio == 1.0 or (s.zero_stage == 3 and s.offload_optimizer != "none")
+                assert s.offload_param == "none" or s.zero_stage == 3
+                assert s.offload_optimizer == "none" or s.zero_stage > 0
                 assert s.optimizer == base.optimizer  # ZeRO runs DeepSpeed's own Adam
             if base.profile == "openrlhf":
                 assert s.engine == "deepspeed"  # OpenRLHF has no DDP or FSDP mode
@@ -117,10 +116,10 @@ def test_ratio_comes_with_a_sub_group_size_that_makes_it_act(scenario):
     """DeepSpeed keeps sub-group i on the GPU iff i < int((1 - ratio) * groups): a ratio row must split the
     partition so that at least one sub-group stays on the GPU."""
     rows = plan(scenario(**{**QWEN, "profile": "hf-trainer"}), set(), None, top_k=10)
-    ratio_rows = [r for r in rows if r.scenario.deepspeed and r.scenario.deepspeed.ratio < 1]
+    ratio_rows = [r for r in rows if r.scenario.engine == "deepspeed" and r.scenario.ratio < 1]
     assert ratio_rows
     for r in ratio_rows:
-        ds = r.scenario.deepspeed
+        ds = r.scenario
         part = -(-estimate(r.scenario).trainable_params // r.scenario.world_size)
         groups = -(-part // ds.sub_group_size)
         assert int((1 - ds.ratio) * groups) >= 1
@@ -138,8 +137,7 @@ def test_openrlhf_plans_mark_knobs_its_command_line_lacks_as_code_edits(scenario
         assert any(target.startswith('zero_opt_dict["offload_optimizer"]') for target, _ in c.code_edit.assignments)
     assert all(c.code_edit is None for r in rows for c in r.changes if c.knob not in ("ratio", "pin_memory"))
     for r in plan(scenario(**QWEN), set(), None, top_k=10, options=Options(code_edits=False)):
-        ds = r.scenario.deepspeed
-        assert ds.ratio == 1.0 and ds.pin_memory is True
+        assert r.scenario.ratio == 1.0 and r.scenario.pin_memory is True
 
 
 QWEN72 = dict(model="Qwen/Qwen2.5-72B-Instruct", gpu="a100-80gb", gpus=8, profile="openrlhf", zero_stage=3,
@@ -161,7 +159,7 @@ def test_qwen25_72b_pinned_start_fits_only_through_a_code_edit(scenario):
         edits = [c for c in r.changes if c.code_edit]
         assert edits and all(c.knob in ("pin_memory", "ratio") for c in edits)
         assert any(c.needed_to_fit for c in edits)
-    pin_false = baseline(base.with_changes(deepspeed=replace(base.deepspeed, pin_memory=False)), options=fresh)
+    pin_false = baseline(base.with_changes(pin_memory=False), options=fresh)
     assert pin_false.verdict in ("fits", "tight")  # the reported fix fits a fresh start ...
     assert rows[0].tokens_per_second >= pin_false.tokens_per_second  # ... and the first row is at least as fast
 
@@ -177,7 +175,7 @@ def test_a_resume_is_judged_unless_the_run_never_resumes(scenario):
     assert resumed.host_peak_bytes - fresh.host_peak_bytes > 100 * 2**30
     assert plan(base, set(), None, options=Options(code_edits=False)) == []
     rows = plan(base, set(), None)
-    assert rows and all(r.scenario.deepspeed.ratio < 1 for r in rows)
+    assert rows and all(r.scenario.ratio < 1 for r in rows)
 
 
 def test_changes_name_the_start_and_the_plan(scenario):

@@ -2,7 +2,6 @@
 import pytest
 
 from memfit.memory.estimate import estimate
-from memfit.facts.scenario import LoraConfig
 from memfit.planner.speed import assumptions, step_time
 
 LLAMA_A100 = dict(model="meta-llama/Llama-3.1-8B-Instruct", gpu="a100-80gb", gpus=8, profile="hf-trainer",
@@ -104,5 +103,5 @@ def test_every_catalog_gpu_has_a_rate(scenario):
 def test_lora_config_changes_adapter_flops(scenario):
     kw = dict(LLAMA_A100, gpus=1)
     base = scenario(**kw)
-    big = base.with_changes(lora=LoraConfig(rank=256))
+    big = base.with_changes(lora_rank=256)
     assert step_time(big).breakdown["matmul"] > step_time(base).breakdown["matmul"]

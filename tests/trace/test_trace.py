@@ -13,7 +13,7 @@ import torch
 
 from memfit.facts.catalog import GpuSpec, ModelSpec, find_model
 from memfit.errors import MemfitError
-from memfit.facts.scenario import Hardware, LoraConfig, Scenario
+from memfit.facts.scenario import Hardware, Scenario
 from memfit.trace.accountant import Accountant, block_bytes
 from memfit.trace.build import build_model, hf_config
 from memfit.trace.run import layer_profile, render, run_trace, write_timeline
@@ -33,8 +33,6 @@ def scenario(**knobs) -> Scenario:
     base = dict(model=TINY, hardware=Hardware(GPU), tuning="full", precision="bf16-pure", optimizer="adamw-foreach",
                 attention="sdpa", padding="packed", micro_batch=B, seq_len=T)
     base.update(knobs)
-    if base["tuning"] in ("lora", "qlora") and "lora" not in knobs:
-        base["lora"] = LoraConfig(rank=8)
     return Scenario(**base)
 
 
@@ -168,7 +166,7 @@ def test_every_n_and_offloaded_checkpointing():
 def test_lora_dropout_saves_a_bool_mask_like_cuda_native_dropout():
     plain = per_layer(tuning="lora", precision="bf16-mixed")["saved_per_layer"]
     dropout = layer_profile(scenario(tuning="lora", precision="bf16-mixed",
-                                     lora=LoraConfig(rank=8, dropout=0.1)))["saved_per_layer"]
+                                     lora_dropout=0.1))["saved_per_layer"]
     assert dropout - plain == (6 * h + I) * n  # one byte per input element of the 7 adapted linears
 
 

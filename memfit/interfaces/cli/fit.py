@@ -6,32 +6,18 @@ import argparse
 from pathlib import Path
 
 from memfit.errors import MemfitError
-
-
-# The file keys each kind of planned change touches (memfit.planner.search.Change.knob -> scenario knobs).
-KNOBS_OF_CHANGE = {
-    "tuning": ("tuning", "lora_rank", "lora_alpha", "lora_targets", "dora", "lora_dropout", "double_quant"),
-    "sharding": ("engine", "zero_stage", "fsdp_strategy"),
-    "offload": ("offload_optimizer",),
-    "ratio": ("ratio", "sub_group_size"),
-    "checkpointing": ("checkpointing", "checkpoint_every_n"),
-    "micro_batch": ("micro_batch", "grad_accum"),
-}
+from memfit.facts.knobs import axes
+from memfit.interfaces.cli.args import (add_hardware_arguments, blank_arguments, hardware_from_args, positive_int,
+                                        scenario_from_args)
 
 
 def add_fit_command(sub) -> None:
-    from memfit.interfaces.cli.main import _int
-
     p = sub.add_parser("fit", help="rewrite a DeepSpeed / LLaMA-Factory / OpenRLHF / accelerate / HF file so the run fits")
     p.add_argument("file", help="the framework file you launch with")
     p.add_argument("--model", help="the model, when the file does not name one")
-    p.add_argument("--gpu", help="GPU from `memfit gpus`")
-    p.add_argument("--gpu-mem", help="usable memory of a GPU not in the catalog, e.g. 24GiB")
-    p.add_argument("--gpus", type=_int, default=1, help="GPUs per node")
-    p.add_argument("--nodes", type=_int, default=1)
-    p.add_argument("--host-ram", help="host RAM per node, e.g. 1.4TB")
+    add_hardware_arguments(p)
     p.add_argument("--allow", default="", help="tuning changes you accept: lora, qlora, 8bit (comma-separated)")
-    p.add_argument("--global-batch", type=_int, help="keep this global batch (default: the file's)")
+    p.add_argument("--global-batch", type=positive_int, help="keep this global batch (default: the file's)")
     p.add_argument("--out", default="memfit-fit", help="folder for the rewritten files (default ./memfit-fit)")
     p.add_argument("--in-place", action="store_true", help="overwrite the files themselves")
     p.add_argument("--no-code-edits", action="store_true",
@@ -41,14 +27,16 @@ def add_fit_command(sub) -> None:
 
 
 def run_fit(a: argparse.Namespace) -> int:
-    from memfit.interfaces.cli.main import scenario_from_args
     from memfit.interfaces.formats import diff, knobs_from_scenario, read_config, write_config_files
     from memfit.planner.search import Options, choose_for_fit, estimate_any, plan
     from memfit.interfaces.render.tables import gib
 
-    imported = read_config(a.file, gpus=a.gpus * a.nodes)
-    args = argparse.Namespace(**{**_blank_knobs(), "model": a.model, "from_file": a.file, "gpu": a.gpu,
-                                 "gpu_mem": a.gpu_mem, "gpus": a.gpus, "nodes": a.nodes, "host_ram": a.host_ram})
+    args = argparse.Namespace(**{**blank_arguments(), "model": a.model, "from_file": a.file, "gpu": a.gpu,
+                                 "gpu_mem": a.gpu_mem, "gpus_per_node": a.gpus_per_node, "nodes": a.nodes,
+                                 "host_ram": a.host_ram})
+    hardware = hardware_from_args(args)
+    gpus = hardware.gpus_per_node
+    imported = read_config(a.file, gpus=hardware.world_size)
     base = scenario_from_args(args)
     before = estimate_any(base)
     allow = {x.strip() for x in a.allow.split(",") if x.strip()}
@@ -58,7 +46,7 @@ def run_fit(a: argparse.Namespace) -> int:
     options = Options(code_edits=not a.no_code_edits, resume=not a.no_resume)
     for row in plan(base, allow, a.global_batch, top_k=10, options=options):
         # knobs the file can say; a code edit is written beside it (_code_edit_text), never into it
-        wanted = {k for c in row.changes if not c.code_edit for k in KNOBS_OF_CHANGE.get(c.knob, (c.knob,))}
+        wanted = {k for c in row.changes if not c.code_edit for k in axes()[c.knob]}
         changed = {k: v for k, v in knobs_from_scenario(row.scenario).items() if k in wanted and old.get(k) != v}
         try:  # only plans the user's framework can express (e.g. OpenRLHF has no flag for ratio)
             writable[id(row)] = (row, write_config_files(imported, changed))
@@ -67,10 +55,10 @@ def run_fit(a: argparse.Namespace) -> int:
     best = choose_for_fit([row for row, _ in writable.values()])
     if best is None:
         why = f"; {refusals[0]}" if refusals else " (see `memfit plan`; --allow lora,qlora widens the search)"
-        if not refusals and base.hardware.host_ram_bytes and options.resume:
+        if not refusals and base.hardware.host_ram and options.resume:
             why += "; host RAM is judged at a resume from a checkpoint too (--no-resume if the run never resumes)"
         raise MemfitError(f"no configuration of {base.model.id} that {imported.format} can express fits "
-                          f"{a.gpus} x {base.hardware.gpu.name}{why}")
+                          f"{gpus} x {base.hardware.gpu.name}{why}")
     files = writable[id(best)][1]
     fastest = max((row for row, _ in writable.values()), key=lambda r: r.tokens_per_second)
     if fastest.tokens_per_second > best.tokens_per_second and any(c.code_edit for c in fastest.changes):
@@ -141,11 +129,3 @@ def _installed_patch(file: str, function: str, lines: list[str]) -> str:
     old = path.read_text()
     new = edit_function(old, function, lines)
     return "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{file}", f"b/{file}"))
-
-
-def _blank_knobs() -> dict:
-    """Every scenario flag unset, so the file's own knobs (and its framework's defaults) decide."""
-    from memfit.interfaces.cli.main import build_parser
-
-    est = build_parser()._subparsers._group_actions[0].choices["estimate"]
-    return {a.dest: None for a in est._actions if a.dest not in ("help",)} | {"gpus": 1, "nodes": 1}

@@ -8,29 +8,20 @@ from __future__ import annotations
 import argparse
 import json
 
+from memfit.interfaces.cli.args import add_scenario_arguments, positive_int, scenario_from_args
+
 GiB = 2**30
 VERDICT_STYLE = {"fits": "bold green", "tight": "bold yellow", "oom": "bold red", "host_oom": "bold red"}
 
 
-def _positive_int(text: str) -> int:
-    from memfit.interfaces.cli.main import _int
-
-    value = _int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def add_plan_command(subparsers) -> None:
-    from memfit.interfaces.cli.main import add_scenario_arguments
-
     p = subparsers.add_parser("plan", help="the fastest configurations that fit, with each change's saving and cost")
     add_scenario_arguments(p)  # includes --method (default sft); several-model methods go through memfit.roles.estimate
-    p.add_argument("--global-batch", type=_positive_int,
+    p.add_argument("--global-batch", type=positive_int,
                    help="micro-batch x grad accumulation x GPUs to keep (default: the starting configuration's)")
     p.add_argument("--allow", default="", help="changes to the training method you accept: lora, qlora, 8bit "
                                                "(comma-separated; default none)")
-    p.add_argument("--top", type=_positive_int, default=5, help="rows to show (default 5)")
+    p.add_argument("--top", type=positive_int, default=5, help="rows to show (default 5)")
     p.add_argument("--no-code-edits", action="store_true",
                    help="leave out knobs the framework has no flag for (OpenRLHF pin_memory, ratio: an edit of "
                         "get_train_ds_config)")
@@ -41,7 +32,6 @@ def add_plan_command(subparsers) -> None:
 
 
 def run_plan(a: argparse.Namespace) -> int:
-    from memfit.interfaces.cli.main import scenario_from_args
     from memfit.planner.search import Options, baseline, closest_miss, plan
 
     base = scenario_from_args(a)
@@ -64,7 +54,7 @@ def plan_json(start, rows, miss, options=None) -> dict:
         "model": s.model.id, "method": s.method, "gpu": s.hardware.gpu.name,
         "gpu_memory_bytes": s.hardware.gpu.memory_bytes,
         "gpus_per_node": s.hardware.gpus_per_node, "nodes": s.hardware.nodes,
-        "host_ram_bytes": s.hardware.host_ram_bytes, "profile": s.profile,
+        "host_ram_bytes": s.hardware.host_ram, "profile": s.profile,
         "code_edits_searched": options.code_edits if options else True,
         "resume_judged": options.resume if options else True,
         "start": start.to_json(),
@@ -77,12 +67,13 @@ def plan_json(start, rows, miss, options=None) -> dict:
 # ---------------------------------------------------------------- words for knob values
 
 
-def _sharding(v: str) -> str:
-    if v.startswith("zero"):
-        return f"ZeRO-{v[-1]}"
-    if v.startswith("fsdp:"):
-        return f"FSDP {v.removeprefix('fsdp:')}"
-    return {"ddp": "DDP", "single": "one GPU"}.get(v, v)
+def _sharding(v) -> str:
+    """A planner Layout in words."""
+    if v.engine == "deepspeed":
+        return f"ZeRO-{v.zero_stage}"
+    if v.engine == "fsdp":
+        return f"FSDP {v.fsdp_strategy}"
+    return {"ddp": "DDP", "single": "one GPU"}.get(v.engine, v.engine)
 
 
 def describe(change, row) -> str:
@@ -91,13 +82,13 @@ def describe(change, row) -> str:
     name, before, after = change.knob, change.before, change.after
     if name == "sharding":
         return f"{_sharding(before)} -> {_sharding(after)}"
-    if name == "tuning" and s.lora:
-        return f"tuning {before} -> {after} (rank {s.lora.rank}, {','.join(s.lora.targets)})"
+    if name == "tuning" and s.uses_adapters:
+        return f"tuning {before} -> {after} (rank {s.lora_rank}, {','.join(s.lora_targets)})"
     if name == "offload":
         what = "FSDP CPU offload" if s.engine == "fsdp" else "optimizer offload"
         return f"{what} {before} -> {after}"
-    if name == "ratio" and s.deepspeed:
-        return f"offload ratio {before:g} -> {after:g} (sub_group_size {s.deepspeed.sub_group_size:,})"
+    if name == "ratio" and s.engine == "deepspeed":
+        return f"offload ratio {before:g} -> {after:g} (sub_group_size {s.sub_group_size:,})"
     if name == "pin_memory":
         return f"pin_memory {str(before).lower()} -> {str(after).lower()}"
     if name == "offload_param":
@@ -144,7 +135,7 @@ def print_plan(start, rows, miss, allow: set[str], options=None) -> None:
 
     con = Console()
     _print_header(con, start, options)
-    host_known = start.scenario.hardware.host_ram_bytes is not None
+    host_known = start.scenario.hardware.host_ram is not None
     if not rows:
         con.print("[bold red]no configuration in memfit's search space fits[/]"
                   + ("" if allow else " (try --allow lora,qlora,8bit)"))
@@ -178,11 +169,11 @@ def _edit_words(change) -> str:
 def _print_header(con, start, options) -> None:
     s = start.scenario
     hw = s.hardware
-    host_known = hw.host_ram_bytes is not None
+    host_known = hw.host_ram is not None
     con.print(f"[bold]{s.model.id}[/] on {hw.gpus_per_node} x {hw.gpu.name} ({hw.gpu.memory_bytes / GiB:.2f} GiB)"
               + (f" x {hw.nodes} nodes" if hw.nodes > 1 else "")
-              + (f", host {hw.host_ram_bytes / GiB:,.0f} GiB/node" if host_known else "")
-              + f"  [dim]profile {s.profile}" + (f", method {s.method}" if s.method not in ("sft", "pt") else "")
+              + (f", host {hw.host_ram / GiB:,.0f} GiB/node" if host_known else "")
+              + f"  [dim]profile {s.profile}, method {s.method}"
               + ("" if options is None or options.resume else ", host judged without a resume (--no-resume)")
               + ("" if options is None or options.code_edits else ", no code edits") + "[/]")
     global_batch = s.micro_batch * s.grad_accum * s.world_size

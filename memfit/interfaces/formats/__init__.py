@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 from memfit.errors import MemfitError
+from memfit.facts.engines.deepspeed import overlap
 from memfit.interfaces.formats import accelerate, deepspeed, hf, llamafactory, openrlhf, yamltext
 from memfit.interfaces.formats.base import ImportedConfig, WrittenFile, read_text
 
@@ -122,29 +123,28 @@ def knobs_from_scenario(scenario) -> dict:
          "seq_len": s.seq_len, "grad_accum": s.grad_accum}
     if s.checkpointing == "every_n":
         k["checkpoint_every_n"] = s.checkpoint_every_n
-    if s.lora is not None:
-        k |= {"lora_rank": s.lora.rank, "lora_alpha": s.lora.alpha, "lora_targets": tuple(s.lora.targets),
-              "dora": s.lora.dora, "lora_dropout": s.lora.dropout}
+    if s.uses_adapters:
+        k |= {"lora_rank": s.lora_rank, "lora_alpha": s.lora_alpha, "lora_targets": tuple(s.lora_targets),
+              "dora": s.dora, "lora_dropout": s.lora_dropout}
     if s.tuning == "qlora":
         k["double_quant"] = s.double_quant
     if s.tuning == "freeze":
         k["freeze_trainable_layers"] = s.freeze_trainable_layers
-    if s.deepspeed is not None:
-        d = s.deepspeed
-        k |= {"zero_stage": d.stage, "offload_optimizer": d.offload_optimizer, "offload_param": d.offload_param,
-              "pin_memory": d.pin_memory, "reduce_bucket_size": d.reduce_bucket_size, "overlap_comm": d.overlap,
-              "contiguous_gradients": d.contiguous_gradients, "prefetch_bucket_size": d.prefetch_bucket_size,
-              "param_persistence_threshold": d.param_persistence_threshold,
-              "max_live_parameters": d.max_live_parameters, "sub_group_size": d.sub_group_size}
-        if d.ratio != 1.0:
-            k["ratio"] = d.ratio
-        if d.grad_accum_dtype is not None:
-            k["grad_accum_dtype"] = d.grad_accum_dtype
-    if s.fsdp is not None:
-        k |= {"fsdp_strategy": s.fsdp.strategy, "fsdp_cpu_offload": s.fsdp.cpu_offload}
-    if s.rl is not None:  # several models: the RlConfig knobs (scenario.RL_KEYS)
-        k |= {name: getattr(s.rl, name) for name in ("ref_offload", "reward_offload", "vllm_gpu_memory_utilization",
-                                                     "vllm_sleep", "deepspeed_sleep")}
+    if s.engine == "deepspeed":
+        k |= {name: getattr(s, name) for name in ("zero_stage", "offload_optimizer", "offload_param", "pin_memory",
+                                                  "reduce_bucket_size", "contiguous_gradients", "prefetch_bucket_size",
+                                                  "param_persistence_threshold", "max_live_parameters",
+                                                  "sub_group_size")}
+        k["overlap_comm"] = overlap(s)
+        if s.ratio != 1.0:
+            k["ratio"] = s.ratio
+        if s.grad_accum_dtype is not None:
+            k["grad_accum_dtype"] = s.grad_accum_dtype
+    if s.engine == "fsdp":
+        k |= {"fsdp_strategy": s.fsdp_strategy, "fsdp_cpu_offload": s.fsdp_cpu_offload}
+    if s.method not in ("sft", "pt"):  # several models: the knobs the planner varies
+        k |= {name: getattr(s, name) for name in ("ref_offload", "reward_offload", "vllm_gpu_memory_utilization",
+                                                  "vllm_sleep", "deepspeed_sleep")}
     return k
 
 
@@ -177,7 +177,7 @@ def export_scenario(scenario, format: str, *, model_name: str | None = None, **o
         files = []
         ds_name = None
         if scenario.engine == "deepspeed":
-            ds_name = f"ds_z{scenario.deepspeed.stage}_config.json"
+            ds_name = f"ds_z{scenario.zero_stage}_config.json"
             files.append(WrittenFile(Path(ds_name), None, deepspeed.export(knobs)))
         main = llamafactory.export(knobs, model, deepspeed_path=ds_name)
         return [WrittenFile(None, None, main)] + files

@@ -29,19 +29,12 @@ def print_table(title: str, header: tuple[str, ...], rows) -> None:
 
 
 def _setup_line(s) -> str:
-    engine = s.engine
-    if s.deepspeed:
-        ds = s.deepspeed
-        engine = f"DeepSpeed ZeRO-{ds.stage}"
-        if ds.offload_optimizer != "none":
-            engine += f", optimizer->{ds.offload_optimizer} (ratio {ds.ratio:g}, pin_memory {ds.pin_memory})"
-        if ds.offload_param != "none":
-            engine += f", params->{ds.offload_param}"
-    elif s.fsdp:
-        engine = f"FSDP {s.fsdp.strategy}" + (" + CPU offload" if s.fsdp.cpu_offload else "")
-    tuning = s.tuning if not s.lora else f"{s.tuning} r{s.lora.rank} ({','.join(s.lora.targets)})"
-    return (f"{tuning}, {s.precision}, {s.optimizer}, {engine}; micro-batch {s.micro_batch} x {s.seq_len} tokens, "
-            f"grad-accum {s.grad_accum}; checkpointing {s.checkpointing}, attention {s.attention}, loss {s.loss}")
+    from memfit.facts.engines import engine_of
+
+    tuning = f"{s.tuning} r{s.lora_rank} ({','.join(s.lora_targets)})" if s.uses_adapters else s.tuning
+    return (f"{tuning}, {s.precision}, {s.optimizer}, {engine_of(s).describe(s)}; micro-batch {s.micro_batch} x "
+            f"{s.seq_len} tokens, grad-accum {s.grad_accum}; checkpointing {s.checkpointing}, attention {s.attention}, "
+            f"loss {s.loss}")
 
 
 def print_estimate(e) -> None:

@@ -1,0 +1,125 @@
+"""The knob table (data/knobs.toml): every setting of a run that changes its memory, declared once.
+
+A knob's name is the Scenario field, the key importers return and exporters take, and (with `-` for `_`)
+the command-line flag. Everything that lists knobs (the Scenario class, the command line, build_scenario,
+the formats, the planner's axes) reads them from here.
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+from memfit.errors import MemfitError
+
+TABLE = Path(__file__).parent / "data" / "knobs.toml"
+PYTHON_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "list": tuple, "pairs": tuple, "size": int}
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    type: str
+    section: str = "knob"  # knob (a Scenario field) | hardware | input
+    choices: tuple = ()
+    min: float | None = None
+    max: float | None = None
+    above: float | None = None  # exclusive lower bound
+    below: float | None = None  # exclusive upper bound
+    default: object = None
+    profile: bool = False  # framework profiles give a default
+    assumed: bool = True  # a profile default filled in is listed under "assumed"
+    when: str | None = None  # deepspeed | fsdp | adapters | several: where the knob acts
+    aliases: tuple[str, ...] = ()
+    const: object = None  # the value of the bare flag
+    group: str = "training"
+    help: str = ""
+    says: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def label(self) -> str:
+        """How errors name the knob: every spelling a user may have typed."""
+        return "/".join((self.flag, *self.aliases))
+
+    def check(self, value) -> None:
+        """One line naming the flag and what would be valid, for a value of the wrong type or range."""
+        if value is None:
+            if self.default is not None and self.section == "knob":
+                raise MemfitError(f"{self.label} needs a value")
+            return
+        if self.choices and value not in self.choices:
+            raise MemfitError(f"{self.label} {value!r} is not valid; choose one of: {', '.join(map(str, self.choices))}")
+        if self.type == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+            raise MemfitError(f"{self.label} expects a whole number, got {value!r}")
+        if self.type == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise MemfitError(f"{self.label} expects a number, got {value!r}")
+        if self.type == "bool" and not isinstance(value, bool):
+            raise MemfitError(f"{self.label} expects true or false, got {value!r}")
+        if self.type in ("int", "float"):
+            self._check_range(value)
+
+    def _check_range(self, value) -> None:
+        if self.type == "int" and self.min == 1 and value < 1:
+            raise MemfitError(f"{self.label} must be a positive integer, got {value!r}")
+        low_ok = (self.min is None or value >= self.min) and (self.above is None or value > self.above)
+        high_ok = (self.max is None or value <= self.max) and (self.below is None or value < self.below)
+        if not (low_ok and high_ok):
+            lo = f"[{self.min:g}" if self.min is not None else f"({self.above:g}" if self.above is not None else "(-inf"
+            hi = f"{self.max:g}]" if self.max is not None else f"{self.below:g})" if self.below is not None else "inf)"
+            raise MemfitError(f"{self.label} must be within {lo}, {hi}, got {value!r}")
+
+
+def _knob(name: str, section: str, row: dict) -> Knob:
+    row = dict(row)
+    for key in ("choices", "aliases"):
+        row[key] = tuple(row.get(key, ()))
+    if row.get("type") in ("list", "pairs") and "default" in row:
+        row["default"] = tuple(row["default"])
+    return Knob(name=name, section=section, **row)
+
+
+@cache
+def _table() -> dict:
+    with open(TABLE, "rb") as f:
+        return tomllib.load(f)
+
+
+@cache
+def knobs() -> dict[str, Knob]:
+    """The knobs of a run (Scenario fields), in table order."""
+    return {name: _knob(name, "knob", row) for name, row in _table()["knob"].items()}
+
+
+@cache
+def hardware() -> dict[str, Knob]:
+    return {name: _knob(name, "hardware", row) for name, row in _table()["hardware"].items()}
+
+
+@cache
+def inputs() -> dict[str, Knob]:
+    return {name: _knob(name, "input", row) for name, row in _table()["input"].items()}
+
+
+@cache
+def axes() -> dict[str, tuple[str, ...]]:
+    """The planner's axes: one change as `memfit plan` proposes it, with the knobs it sets together."""
+    return {name: tuple(row["knobs"]) for name, row in _table()["axis"].items()}
+
+
+def knob(name: str) -> Knob:
+    return knobs()[name]
+
+
+def acting_when(when: str) -> tuple[str, ...]:
+    """The knobs that act only under `when` (deepspeed, fsdp, adapters, several)."""
+    return tuple(k.name for k in knobs().values() if k.when == when)
+
+
+def said_by(format: str) -> frozenset[str]:
+    """The knobs a file format can say."""
+    return frozenset(k.name for k in knobs().values() if format in k.says)

@@ -1,0 +1,149 @@
+"""Command-line arguments from the knob table, and the Scenario they describe.
+
+Every knob of memfit/facts/data/knobs.toml is a flag `--name-with-dashes` (plus its aliases), grouped as the
+table groups them; `scenario_from_args` reads them back by the same names. Commands add only their own
+options (--json, --top, ...).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+
+from memfit.errors import MemfitError
+from memfit.facts.knobs import Knob, hardware, inputs, knobs
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
+          "p": 1e15, "pb": 1e15, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50,
+          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+GROUPS = {"run": "run", "hardware": "hardware", "training": "training", "engine": "engine",
+          "several": "preference / RL (several models; OpenRLHF legacy and dotted flags in the help texts)"}
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's multi-line usage dump -> one line, exit 2
+        raise MemfitError(f"{self.prog}: {message}")
+
+
+def parse_size(text: str, what: str) -> int:
+    """'24GiB', '80GB', '1.4TB', '512MiB' or plain bytes -> bytes (GB = 1e9, GiB = 2^30)."""
+    m = _SIZE.match(str(text))
+    unit = (m.group(2) or "").lower() if m else None
+    if not m or unit not in _UNITS:
+        raise MemfitError(f"{what} {text!r} is not a size; write e.g. 24GiB, 80GB or 1.4TB")
+    value = int(float(m.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise MemfitError(f"{what} must be positive, got {text!r}")
+    return value
+
+
+def whole_number(text: str) -> int:
+    """An integer as people write it: 4, -1, 5e8 (a whole number); 2.5 is refused."""
+    try:
+        value = float(text) if re.fullmatch(r"-?[0-9.]+(e[0-9]+)?", text, re.I) else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    return int(value)
+
+
+def positive_int(text: str) -> int:
+    value = whole_number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _add(group, k: Knob, positional: bool = False) -> None:
+    if positional:
+        group.add_argument(k.name, nargs="?", help=k.help)
+        return
+    options: dict = {"dest": k.name, "help": k.help, "default": None}
+    if k.type == "bool":
+        options["action"] = argparse.BooleanOptionalAction
+    elif k.type == "int":
+        options["type"] = whole_number
+    elif k.type == "float":
+        options["type"] = float
+    if k.const is not None:
+        options |= {"nargs": "?", "const": k.const}
+    group.add_argument(k.flag, *k.aliases, **options)
+
+
+def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
+    """The model, the machine and every knob, as flags."""
+    groups = {name: p.add_argument_group(title) for name, title in GROUPS.items()}
+    for name, k in inputs().items():
+        _add(groups[k.group], k, positional=name == "model")
+    for k in (*hardware().values(), *knobs().values()):
+        _add(groups[k.group], k)
+
+
+def add_hardware_arguments(p: argparse.ArgumentParser) -> None:
+    """The machine alone (commands whose knobs come from a file)."""
+    group = p.add_argument_group(GROUPS["hardware"])
+    for k in hardware().values():
+        _add(group, k)
+
+
+def _pairs(k: Knob, text: str) -> dict:
+    try:
+        return {name.strip(): int(n) for name, n in (x.split("=") for x in text.split(","))}
+    except ValueError:
+        raise MemfitError(f"{k.label} {text!r}: write name=N pairs, e.g. actor=4,critic=2") from None
+
+
+def knobs_from_args(a: argparse.Namespace) -> dict:
+    """The knobs the user said on the command line (None = not said)."""
+    out = {}
+    for name, k in knobs().items():
+        value = getattr(a, name, None)
+        if value is not None and k.type == "list":
+            value = tuple(x.strip() for x in value.split(","))
+        elif value is not None and k.type == "pairs":
+            value = _pairs(k, value)
+        out[name] = value
+    if out.get("checkpoint_every_n") and not out.get("checkpointing"):
+        out["checkpointing"] = "every_n"
+    return out
+
+
+def hardware_from_args(a: argparse.Namespace):
+    from memfit.facts.catalog import custom_gpu, find_gpu
+    from memfit.facts.scenario import Hardware
+
+    table = hardware()
+    if not a.gpu and not a.gpu_mem:
+        raise MemfitError("say which GPU: --gpu NAME (see `memfit gpus`) or --gpu-mem 24GiB")
+    gpu = find_gpu(a.gpu) if a.gpu else None
+    if a.gpu_mem:
+        gpu = custom_gpu(parse_size(a.gpu_mem, table["gpu_mem"].label), like=gpu)
+    host = parse_size(a.host_ram, table["host_ram"].label) if a.host_ram else None
+    count = {name: getattr(a, name) if getattr(a, name) is not None else table[name].default
+             for name in ("gpus_per_node", "nodes")}
+    return Hardware(gpu=gpu, host_ram=host, **count)
+
+
+def scenario_from_args(a: argparse.Namespace):
+    from memfit.facts.catalog import find_model
+    from memfit.facts.profiles import build_scenario
+
+    hw = hardware_from_args(a)
+    given = knobs_from_args(a)
+    profile, model = a.profile, a.model
+    if a.from_file:
+        from memfit.interfaces.formats import read_config
+
+        imported = read_config(a.from_file, gpus=hw.world_size)
+        given = imported.knobs | {k: v for k, v in given.items() if v is not None}
+        profile = profile or imported.profile
+        model = model or imported.model_name
+    if not model:
+        raise MemfitError("say which model: a hub id or alias (see `memfit models`), or a file naming one with --from")
+    return build_scenario(find_model(model), hw, given, profile or "hf-trainer")
+
+
+def blank_arguments() -> dict:
+    """Every scenario argument unset, so a file's own knobs (and its framework's defaults) decide."""
+    return {name: None for name in (*inputs(), *hardware(), *knobs())}

@@ -1,0 +1,71 @@
+"""FSDP2: params, grads and optimizer states sharded over the ranks, one unit gathered at a time
+(docs/knobs.md B; measured: memfit/measure/FINDINGS.md)."""
+from __future__ import annotations
+
+from memfit.facts.engines import engine_of
+from memfit.memory.inventory import ParamTensor
+from memfit.memory.states.common import (HostBuffer, ModelStates, frozen_bytes, layer_elements, quantized_bytes,
+                                         torch_optimizer, trainable_dtype_bytes)
+
+
+def _gathered_layer_bytes(s, tensors: list[ParamTensor]) -> float:
+    """Bytes of one gathered FSDP unit: quantized linears travel packed (bnb quant_storage / GPTQ qweight),
+    the rest in the compute dtype."""
+    per = [t.total * (quantized_bytes(s) if t.quantized else s.compute_bytes) for t in tensors if t.per_layer]
+    outside = [t.total * s.compute_bytes for t in tensors if not t.per_layer]
+    return max(sum(per) / max(s.model.num_layers, 1), max(outside, default=0))
+
+
+def _root_reduce(s, trainable: list[ParamTensor]) -> int:
+    """The root group (embeddings, final norm, untied head) is reduce-scattered last, from a buffer of its
+    whole gradient in the reduce dtype (fp32 under a mixed MixedPrecisionPolicy, else the params' dtype;
+    _fsdp_collectives.py::foreach_reduce). The unsharded grads are freed after the copy-in except the
+    group's last one, which foreach_reduce's loop variable `unsharded_grad` keeps until it returns: the
+    untied head's (measured)."""
+    reduce_bytes = 4 if s.precision.endswith("mixed") else s.compute_bytes
+    root = sum(t.total for t in trainable if not t.per_layer)
+    head = sum(t.total for t in trainable if t.kind == "lm_head")
+    return reduce_bytes * root + head * s.compute_bytes
+
+
+def states(s, tensors: list[ParamTensor]) -> ModelStates:
+    n = engine_of(s).partition_ranks(s)
+    trainable = [t for t in tensors if t.trainable]
+    grads = sum(t.total * trainable_dtype_bytes(s, t) for t in trainable)
+    optimizer, temps, paged = torch_optimizer(s, trainable)
+    frozen = frozen_bytes(s, tensors)
+    unit = int(_gathered_layer_bytes(s, tensors))  # one decoder layer unsharded
+    ms = ModelStates(
+        weights=int((frozen + grads) / n),
+        gathered_forward=2 * unit,  # the running unit + the one prefetched
+        gathered_backward=2 * unit,
+        grads_between_steps=grads // n if s.grad_accum > 1 else 0,
+        grads_after_backward=grads // n,
+        grads_unreduced=layer_elements(s, trainable) * s.compute_bytes,  # one layer's unsharded grads
+        last_reduce=_root_reduce(s, trainable),
+        optimizer=optimizer // n,
+        step_temporaries=temps // n,
+        paged_optimizer=paged // n,
+    )
+    if s.fsdp_strategy == "shard_grad_op":
+        ms.gathered_backward = ms.gathered_forward = int(frozen + grads) - ms.weights
+    # each rank saves and torch.loads its own shards (sharded state dict): params + optimizer (FINDINGS.md)
+    ms.resume_host = ms.weights + ms.optimizer
+    if s.fsdp_cpu_offload:
+        # one pinned buffer for the shards of all three (the estimate's pinned-rounding unit); counted as
+        # optimizer states, the largest of them
+        ms.host = [HostBuffer("sharded params + grads + optimizer (FSDP CPU offload)",
+                              ms.weights + ms.grads_after_backward + ms.optimizer, "optimizer_states", pinned=True)]
+        ms.weights = ms.grads_after_backward = ms.optimizer = ms.step_temporaries = 0
+        ms.grads_between_steps = 0
+    return ms
+
+
+def frozen_copy(s, tensors: list[ParamTensor], offload: bool) -> tuple[str, int, int, int, list[str]]:
+    """A frozen model under FSDP: sharded like the trained one (evaluation mode), two units gathered."""
+    phi, lp = sum(t.total for t in tensors), s.compute_bytes
+    if s.fsdp_strategy == "no_shard":
+        notes = ["reference/reward offload sets offload_param, which only ZeRO-3 honours: ignored here"] if offload else []
+        return "full 16-bit replica on every GPU (fsdp)", phi * lp, 0, 0, notes
+    unit = sum(t.total for t in tensors if t.per_layer) // max(s.model.num_layers, 1)
+    return "FSDP shard (evaluation mode)", -(-phi * lp // s.world_size), 2 * unit * lp, 0, []

@@ -1,0 +1,57 @@
+"""One GPU or DDP: every rank holds all weights, gradients and optimizer states (docs/knobs.md F.4, H.4)."""
+from __future__ import annotations
+
+from memfit.memory.inventory import ParamTensor
+from memfit.memory.states.common import ModelStates, frozen_bytes, torch_optimizer, trainable_dtype_bytes
+
+# DDP allocates flat gradient buckets (gradient_as_bucket_view=False by default): a second copy of
+# every gradient (torch/nn/parallel/distributed.py Reducer). Accelerate/HF keep that default.
+DDP_BUCKET_COPY = True
+
+
+def _fp32_under_autocast(s, t: ParamTensor) -> bool:
+    if t.kind not in ("linear", "lm_head", "lora") or t.quantized:
+        return False
+    if t.trainable:
+        return trainable_dtype_bytes(s, t) == 4
+    return s.tuning == "qlora" and s.kbit_upcast and t.kind == "lm_head"  # PEFT's kbit upcast
+
+
+def states(s, tensors: list[ParamTensor]) -> ModelStates:
+    trainable = [t for t in tensors if t.trainable]
+    grads = sum(t.total * trainable_dtype_bytes(s, t) for t in trainable)
+    optimizer, temps, paged = torch_optimizer(s, trainable)
+    ms = ModelStates(
+        weights=int(frozen_bytes(s, tensors)) + grads,  # trainable weights have the grads' dtype
+        grads_between_steps=grads if s.grad_accum > 1 else 0,
+        grads_after_backward=grads,
+        optimizer=optimizer,
+        step_temporaries=temps,
+        paged_optimizer=paged,
+    )
+    if s.runs_autocast:
+        # autocast casts each fp32 weight a matmul reads to 16 bit; the copies are cached through forward and
+        # saved for backward by the matmuls whose input needs a gradient (aten autocast_mode.cpp)
+        copies = [t for t in tensors if _fp32_under_autocast(s, t)]
+        ms.autocast_cache = sum(t.total * s.compute_bytes for t in copies)
+        ms.autocast_cache_head = sum(t.total * s.compute_bytes for t in copies if t.kind == "lm_head")
+    if s.model.tie_embeddings:
+        # the tied embedding's backward makes a fresh dense gradient and adds it into the head's
+        ms.grads_unreduced = sum(t.total * trainable_dtype_bytes(s, t) for t in trainable if t.kind == "embedding")
+    if s.optimizer_in_backward:
+        # the step runs inside backward per parameter, so only one gradient exists at a time
+        largest = max((t.numel * trainable_dtype_bytes(s, t) for t in trainable), default=0)
+        ms.grads_after_backward = ms.grads_between_steps = largest
+        ms.step_temporaries = min(ms.step_temporaries, largest)
+    if s.world_size > 1 and DDP_BUCKET_COPY:
+        ms.engine_buffers = grads
+        ms.notes.append("DDP keeps flat gradient buckets beside param.grad (gradient_as_bucket_view=False)")
+    return ms
+
+
+def frozen_copy(s, tensors: list[ParamTensor], offload: bool) -> tuple[str, int, int, int, list[str]]:
+    """A frozen model (reference, reward) beside this engine: a full 16-bit replica on every GPU.
+    Returns (placement in words, resident bytes, gathered bytes, host bytes per rank, notes)."""
+    notes = ["reference/reward offload sets offload_param, which only ZeRO-3 honours: ignored here"] if offload else []
+    return (f"full 16-bit replica on every GPU ({s.engine})", sum(t.total for t in tensors) * s.compute_bytes, 0, 0,
+            notes)
