@@ -49,11 +49,11 @@ sys.path.insert(0, str(ROOT))
 from memfit.breakdown import Breakdown, PhaseProfile  # noqa: E402
 from memfit.facts.catalog import ModelSpec, find_gpu, find_model  # noqa: E402
 from memfit.errors import MemfitError  # noqa: E402
-from memfit.memory.estimate import Estimate, estimate  # noqa: E402
+from memfit.roles.estimate import estimate
+from memfit.roles.result import Estimate  # noqa: E402
 from memfit.facts.knobs import acting_when, knobs  # noqa: E402
 from memfit.facts.methods import framework_facts, several_models  # noqa: E402
 from memfit.facts.profiles import build_scenario  # noqa: E402
-from memfit.roles.estimate import estimate_roles  # noqa: E402
 from memfit.facts.scenario import Hardware, Scenario  # noqa: E402
 
 CACHE_PATH = ROOT / "bench" / "trace_cache.json"
@@ -597,7 +597,7 @@ def evaluate(rows: list[GridRow], cache: TraceCache) -> list[Comparison]:
             if entry is None:
                 out.append(Comparison(row, key, "untraced", "not in the trace cache (run with --refresh)"))
                 continue
-            est = estimate_roles(scenario) if row.method != "sft" else estimate(scenario)
+            est = estimate(scenario) if row.method != "sft" else estimate(scenario)
         except MemfitError as e:
             out.append(Comparison(row, "", "error", f"estimate: {e}"))
             continue

@@ -5,10 +5,10 @@
 Small Llama and Qwen2 configs (built here as ModelSpecs, published_params=None) run for real with
 `memfit.measure`: per row the peak per-rank memory that would be on the GPU, by category, and the host
 RAM per node the engine's objects take (offloaded states, pinned buffers, the model while it loads,
-checkpoint loads). When `memfit.memory.estimate` exists, its per-rank allocated profile (minus the CUDA-only
+checkpoint loads). When `memfit.roles.estimate` exists, its per-rank allocated profile (minus the CUDA-only
 runtime overhead, which a CPU run cannot see) and its host profile (minus the per-process baseline) are
 the estimate columns. DPO rows (issue 6) run OpenRLHF's layout: the policy engine and a bf16 reference engine
-(ZeRO-3 sharded under stage 3, a full replica otherwise, LoRA or not), against `memfit.roles.estimate.estimate_roles`.
+(ZeRO-3 sharded under stage 3, a full replica otherwise, LoRA or not), against `memfit.roles.estimate.estimate`.
 
 --summary-json prints {"n", "within_5pct_fraction", "max_abs_pct_error", "host_within_15pct_fraction"}.
 """
@@ -120,9 +120,7 @@ def rows(quick: bool) -> list[Scenario]:
 
 def _estimate(s: Scenario):
     try:
-        from memfit.memory.estimate import estimate
-        if s.method != "sft":  # several models per GPU (issue 6)
-            from memfit.roles.estimate import estimate_roles as estimate
+        from memfit.roles.estimate import estimate
     except ImportError:
         return None
     try:

@@ -20,9 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from memfit.facts.catalog import custom_gpu, find_gpu, find_model  # noqa: E402
 from memfit.errors import MemfitError  # noqa: E402
-from memfit.memory.estimate import estimate  # noqa: E402
+from memfit.roles.estimate import estimate  # noqa: E402
 from memfit.facts.profiles import build_scenario  # noqa: E402
-from memfit.roles.estimate import estimate_roles  # noqa: E402
 from memfit.facts.knobs import knob  # noqa: E402
 from memfit.facts.methods import several_models  # noqa: E402
 from memfit.facts.scenario import Hardware  # noqa: E402
@@ -226,7 +225,7 @@ def evaluate(case: dict) -> Row:
     row = Row(case)
     try:
         s = scenario_for(case)
-        est = estimate(s) if not several_models(s.method) else estimate_roles(s)
+        est = estimate(s) if not several_models(s.method) else estimate(s)
     except (Skip, MemfitError) as e:
         row.skip = str(e)
         return row

@@ -20,7 +20,7 @@ ARGS = ["Qwen/Qwen2-7B-Instruct", "--gpu", "rtx4090", "--gpus", "4", "--profile"
 
 def estimate_ms(repeats: int = 200) -> float:
     from memfit.interfaces.cli.main import build_parser, scenario_from_args
-    from memfit.memory.estimate import estimate
+    from memfit.roles.estimate import estimate
 
     scenario = scenario_from_args(build_parser().parse_args(["estimate", *ARGS]))
     estimate(scenario)  # warm the catalog caches, as a planner loop would be

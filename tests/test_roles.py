@@ -3,9 +3,9 @@ import json
 
 import pytest
 
+from memfit.roles.estimate import estimate
 from memfit.interfaces.cli.main import main
 from memfit.errors import MemfitError
-from memfit.roles.estimate import estimate_roles
 
 GLM_DPO = dict(model="THUDM/glm-4-9b-chat", gpu="a100-80gb", gpus=8, profile="openrlhf", method="dpo",
                tuning="full", zero_stage=3, micro_batch=1, seq_len=8192, checkpointing="full")
@@ -14,13 +14,13 @@ GLM_VOCAB, T = 151552, 8192
 
 def test_glm4_9b_dpo_eager_is_oom_and_flash_fits(scenario):
     """report-glm4-9b-dpo-eager / -flash (../shared/cases/user-reports.jsonl)."""
-    assert estimate_roles(scenario(attention="eager", **GLM_DPO)).verdict == "oom"
-    assert estimate_roles(scenario(attention="flash", **GLM_DPO)).verdict in ("fits", "tight")
+    assert estimate(scenario(attention="eager", **GLM_DPO)).verdict == "oom"
+    assert estimate(scenario(attention="flash", **GLM_DPO)).verdict in ("fits", "tight")
 
 
 def test_glm4_9b_dpo_eager_oom_comes_from_the_attention_scores_of_one_recomputed_layer(scenario):
-    eager = estimate_roles(scenario(attention="eager", **GLM_DPO))
-    flash = estimate_roles(scenario(attention="flash", **GLM_DPO))
+    eager = estimate(scenario(attention="eager", **GLM_DPO))
+    flash = estimate(scenario(attention="flash", **GLM_DPO))
     # chosen + rejected of the longest sample: 2 rows x 32 heads x 8192^2 scores, saved and in flight
     scores = next(v for k, v in eager.drivers.items() if k.startswith("eager attention scores"))
     assert scores >= 2 * 32 * T * T * 10
@@ -33,7 +33,7 @@ def test_glm4_9b_dpo_eager_oom_comes_from_the_attention_scores_of_one_recomputed
 
 
 def test_glm4_9b_dpo_flash_peak_holds_fp32_logits_of_chosen_and_rejected(scenario):
-    flash = estimate_roles(scenario(attention="flash", **GLM_DPO))
+    flash = estimate(scenario(attention="flash", **GLM_DPO))
     policy = next(r for r in flash.roles if r.role == "policy")
     assert policy.rows == 2  # micro-batch 1 = one chosen + one rejected row
     fp32_logits = 2 * T * GLM_VOCAB * 4
@@ -49,7 +49,7 @@ def test_reference_placement_follows_the_framework(scenario):
     phi_bytes = 2 * 7_615_616_512
 
     def ref(**knobs):
-        e = estimate_roles(scenario(**{**base, **knobs}))
+        e = estimate(scenario(**{**base, **knobs}))
         return next((r for r in e.roles if r.role == "reference"), None), e
 
     z3, _ = ref(profile="openrlhf", zero_stage=3)
@@ -71,16 +71,16 @@ def test_reference_placement_follows_the_framework(scenario):
 
 @pytest.mark.parametrize("method", ["orpo", "simpo", "rm"])
 def test_reference_free_methods_hold_one_model(scenario, method):
-    e = estimate_roles(scenario(model="qwen2-7b", gpu="a100-80gb", gpus=8, profile="openrlhf", zero_stage=3,
+    e = estimate(scenario(model="qwen2-7b", gpu="a100-80gb", gpus=8, profile="openrlhf", zero_stage=3,
                                 method=method, seq_len=1024))
     assert [r.role for r in e.roles] == ["policy"]
     assert e.roles[0].rows == 2
 
 
 def test_reward_model_has_a_value_head_instead_of_lm_head(scenario):
-    dpo = estimate_roles(scenario(model="qwen2-7b", gpu="a100-80gb", gpus=8, profile="openrlhf", zero_stage=3,
+    dpo = estimate(scenario(model="qwen2-7b", gpu="a100-80gb", gpus=8, profile="openrlhf", zero_stage=3,
                                   method="dpo", seq_len=1024))
-    rm = estimate_roles(scenario(model="qwen2-7b", gpu="a100-80gb", gpus=8, profile="openrlhf", zero_stage=3,
+    rm = estimate(scenario(model="qwen2-7b", gpu="a100-80gb", gpus=8, profile="openrlhf", zero_stage=3,
                                  method="rm", seq_len=1024))
     h, v = 3584, 152064
     assert dpo.total_params - rm.total_params == v * h - h
@@ -92,7 +92,7 @@ PPO = dict(model="llama-2-7b", gpu="a100-80gb", gpus=8, profile="openrlhf", meth
 
 
 def test_ppo_colocated_on_8_gpus_sums_five_processes_and_flags_the_overflow(scenario):
-    e = estimate_roles(scenario(**PPO))
+    e = estimate(scenario(**PPO))
     assert e.verdict == "oom"
     g = e.group()
     assert len(e.groups) == 1 and g.gpus == 8
@@ -103,7 +103,7 @@ def test_ppo_colocated_on_8_gpus_sums_five_processes_and_flags_the_overflow(scen
 
 
 def test_ppo_usual_fixes_each_lower_the_peak(scenario):
-    peak = lambda **k: estimate_roles(scenario(**{**PPO, **k})).group().peak  # noqa: E731
+    peak = lambda **k: estimate(scenario(**{**PPO, **k})).group().peak  # noqa: E731
     base = peak()
     lower = peak(vllm_gpu_memory_utilization=0.5)
     slept = peak(vllm_gpu_memory_utilization=0.5, vllm_sleep=True)
@@ -111,17 +111,17 @@ def test_ppo_usual_fixes_each_lower_the_peak(scenario):
     off = peak(vllm_gpu_memory_utilization=0.5, vllm_sleep=True, deepspeed_sleep=True, ref_offload=True,
                reward_offload=True)
     assert base > lower > slept > ds > off
-    fixed = estimate_roles(scenario(**{**PPO, "vllm_gpu_memory_utilization": 0.5, "vllm_sleep": True,
+    fixed = estimate(scenario(**{**PPO, "vllm_gpu_memory_utilization": 0.5, "vllm_sleep": True,
                                        "deepspeed_sleep": True}))
     assert fixed.verdict == "fits"
-    assert fixed.host.peak.total > estimate_roles(scenario(**PPO)).host.peak.total  # slept states live on the host
+    assert fixed.host.peak.total > estimate(scenario(**PPO)).host.peak.total  # slept states live on the host
 
 
 def test_grpo_has_no_critic_and_colocate_all_checks_engine_count(scenario):
-    e = estimate_roles(scenario(**{**PPO, "method": "grpo"}))
+    e = estimate(scenario(**{**PPO, "method": "grpo"}))
     assert "critic" not in {r.role for r in e.roles}
     with pytest.raises(MemfitError, match="vLLM engines x tensor parallel"):
-        estimate_roles(scenario(**{**PPO, "vllm_engines": 2}))
+        estimate(scenario(**{**PPO, "vllm_engines": 2}))
 
 
 def test_sft_scenarios_reject_rl_knobs(scenario):

@@ -1,7 +1,7 @@
 """Model-state bytes against hand derivations from ../shared/reference/knobs.md (A.2, A.6, D, F.4)."""
 import pytest
 
-from memfit.memory.estimate import estimate
+from memfit.roles.estimate import estimate
 from memfit.memory.inventory import count_params, scenario_tensors
 from memfit.memory.states import model_states
 

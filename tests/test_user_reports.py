@@ -1,5 +1,5 @@
 """The user reports memfit was started for (../shared/cases/user-reports.jsonl): right label, right reason."""
-from memfit.memory.estimate import estimate
+from memfit.roles.estimate import estimate
 
 QWEN = dict(model="Qwen/Qwen2-7B-Instruct", gpu="rtx4090", gpus=4, profile="openrlhf", zero_stage=3,
             micro_batch=4, seq_len=128, checkpointing="full", attention="flash")

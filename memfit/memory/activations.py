@@ -67,7 +67,7 @@ def _has_mask(s: Scenario) -> bool:
     return s.padding == "padded"
 
 
-def _attention_per_token(s: Scenario, b: int) -> tuple[int, int, int]:
+def attention_per_token(s: Scenario, b: int) -> tuple[int, int, int]:
     """(saved bytes per token, saved bytes per token per key position, transient per token per key).
 
     The kernel's output is saved by the kernel and, in its [B,T,H,d] layout, is o_proj's input too."""
@@ -193,7 +193,7 @@ def _layer_per_token(s: Scenario, b: int, rb: int, adapters) -> int:
     m = s.model
     h, ffn = m.hidden_size, m.intermediate_size
     norms = _norm_per_token(s, b, rb) * m.norms_per_layer + (4 * m.norms_per_layer if m.norm == "rms" else 0)
-    attn, _, _ = _attention_per_token(s, b)
+    attn, _, _ = attention_per_token(s, b)
     norm_fed, others = _group_inputs(s, b, rb, adapters)
     # MLP intermediates other than down's input: gate out (SiLU), SiLU out and up out (the product);
     # plain MLPs: fc out (GELU); down's input is counted with the Linear inputs
@@ -210,7 +210,7 @@ def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
     rb = residual_bytes(s)
     n = s.tokens_per_micro_batch
     rows, t = s.micro_batch, s.seq_len
-    _, per_key_saved, per_key_transient = _attention_per_token(s, b)
+    _, per_key_saved, per_key_transient = attention_per_token(s, b)
     layer_saved = n * _layer_per_token(s, b, rb, adapters) + rows * t * t * per_key_saved
     layer_saved += _expert_lora_deltas(s, b, adapters)
     masks = 0

@@ -8,7 +8,7 @@ A candidate is the user's scenario with some knobs changed. The knobs split in t
 Only values the framework of the user's profile exposes are tried (catalog/plan.toml), and only
 combinations the frameworks accept (ratio: ZeRO-3 with optimizer offload, with a sub_group_size that lets
 it act; offload_param: ZeRO-3; flash: compute capability >= 8.0; 8-bit optimizers and LoRA/QLoRA only
-when allowed). Every candidate is judged by estimate() (device and host) and ranked by speed.step_time().
+when allowed). Every candidate is judged by estimate() (device and host) and ranked by step_time.step_time().
 
 Knobs a framework has no flag for but that one documented edit of its code reaches (plan.toml code_edits:
 OpenRLHF's pin_memory and ratio live in get_train_ds_config) are tried too, unless Options(code_edits=
@@ -16,7 +16,7 @@ False); each such change carries its CodeEdit (file, function, the assignments).
 every phase, a resume from a checkpoint included, unless Options(resume=False).
 
 Several-model methods (DPO and its relatives, RM, PPO, GRPO: memfit/roles/estimate.py) are judged by
-estimate_roles() and ranked by speed_roles.roles_step_time(); their model-state knobs add where the other
+estimate() and step_time(); their model-state knobs add where the other
 models live (reference / reward offload under ZeRO-3, vLLM gpu_memory_utilization and sleep, DeepSpeed
 sleep; `_role_variants`), and the loss and packing stay the user's.
 
@@ -47,7 +47,8 @@ from functools import cache
 
 from memfit.facts.catalog import HERE
 from memfit.errors import MemfitError
-from memfit.memory.estimate import estimate, verdict_of
+from memfit.memory.phases import verdict_of
+from memfit.roles.estimate import estimate
 from memfit.facts.engines import Sharding, engine_of
 from memfit.facts.engines.deepspeed import STAGE_SHARDING
 from memfit.facts.engines.fsdp import STRATEGY_SHARDING
@@ -55,7 +56,8 @@ from memfit.facts import methods
 from memfit.facts.knobs import acting_when, knob
 from memfit.facts.profiles import get_profile, zero_buckets
 from memfit.facts.scenario import Scenario
-from memfit.planner.speed import StepTime, param_counts, step_time
+from memfit.planner.speed import StepTime, param_counts
+from memfit.planner.step_time import step_time
 
 ALLOW = ("lora", "qlora", "8bit")
 FITTING = ("fits", "tight")
@@ -519,19 +521,15 @@ def several_models(s: Scenario) -> bool:
 
 
 def estimate_any(s: Scenario):
-    """estimate() for one model, memfit.roles.estimate.estimate_roles() for several (the same top-level fields)."""
+    """estimate() for one model, memfit.roles.estimate.estimate() for several (the same top-level fields)."""
     if several_models(s):
-        from memfit.roles.estimate import estimate_roles
-
-        return estimate_roles(s)
+        
+        return estimate(s)
     return estimate(s)
 
 
 def speed_of(s: Scenario) -> StepTime:
-    if several_models(s):
-        from memfit.planner.speed_roles import roles_step_time
-
-        return roles_step_time(s)
+    """The step-time model of any run (memfit/planner/step_time.py)."""
     return step_time(s)
 
 
@@ -852,7 +850,7 @@ def plan(base: Scenario, allow: set[str] | None = None, global_batch: int | None
 
     `allow` may contain "lora", "qlora" (tuning changes) and "8bit" (8-bit optimizer states). The global
     batch (micro-batch x gradient accumulation x GPUs) is kept: `global_batch`, or the base's own.
-    Several-model methods (DPO, PPO, ...) are judged by memfit.roles.estimate.estimate_roles.
+    Several-model methods (DPO, PPO, ...) place every model the way their framework does (memfit/roles/).
     """
     search, rows = _search(base, _check_allow(allow), global_batch, top_k, options)
     cache: dict = {}

@@ -40,7 +40,7 @@ padding-free batches are full. Tokens per second are for the whole job (all GPUs
 
 Not modeled (equal for the configurations a plan compares, or outside its search): kernel-launch and
 Python overheads, the data loader, torch.compile, tensor / pipeline / sequence parallelism, MoE
-all-to-all. Generation (vLLM) and the extra models of preference / RL methods are in speed_roles.py,
+all-to-all. Generation (vLLM) and the extra models of preference / RL methods are in step_time.py,
 built on `nograd_forward_seconds`, `gather_seconds` and `host_link_bytes_per_second` below.
 """
 from __future__ import annotations
@@ -303,7 +303,8 @@ def host_link_bytes_per_second(s: Scenario, pinned: bool = True) -> float:
     return _host_link(s, pinned)
 
 
-def step_time(s: Scenario) -> StepTime:
+def train_step_time(s: Scenario) -> StepTime:
+    """One optimizer step of one trained model (memfit/planner/step_time.py adds the other roles of a run)."""
     p = param_counts(s)
     _, bandwidth = _rates(s)
     micro = _micro_compute(s, p)

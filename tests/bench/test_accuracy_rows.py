@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import accuracy  # noqa: E402
 
 from memfit.facts.catalog import ModelSpec  # noqa: E402
-from memfit.memory.estimate import estimate  # noqa: E402
+from memfit.roles.estimate import estimate  # noqa: E402
 
 LINEARS = {"q_proj": ["q"], "k_proj": ["k"], "v_proj": ["v"], "o_proj": ["o"],
            "gate_proj": ["gate"], "up_proj": ["up"], "down_proj": ["down"]}

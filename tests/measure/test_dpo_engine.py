@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from memfit.roles.estimate import estimate
 from memfit.facts.catalog import ModelSpec, architectures, find_gpu
-from memfit.roles.estimate import estimate_roles
 from memfit.facts.scenario import Hardware, Scenario
 
 N = 2
@@ -47,7 +47,7 @@ def _device_peak(result) -> int:
 
 
 def _estimate_peak(s: Scenario) -> int:
-    est = estimate_roles(s).allocated  # a CPU run cannot see the CUDA-only runtime overhead
+    est = estimate(s).allocated  # a CPU run cannot see the CUDA-only runtime overhead
     return max(b.total - b.get("runtime_overhead") for b in est.phases.values())
 
 

@@ -4,9 +4,9 @@ DeepSpeed sleep, micro-batch, checkpointing), and each usual fix shown with what
 import time
 from dataclasses import replace
 
+from memfit.roles.estimate import estimate
 from memfit.planner.search import ZERO3, _Search, baseline, plan
-from memfit.roles.estimate import estimate_roles
-from memfit.planner.speed_roles import roles_step_time
+from memfit.planner.step_time import step_time
 
 GiB = 2**30
 GLM_DPO = dict(model="THUDM/glm-4-9b-chat", gpu="a100-80gb", gpus=8, profile="openrlhf", method="dpo",
@@ -23,7 +23,7 @@ def _rl(s, **knobs):
 def test_glm4_dpo_eager_oom_is_fixed_by_flash_attention_first(scenario):
     """report-glm4-9b-dpo-eager: the T x T scores of eager attention at 8192 tokens; flash fits and is fastest."""
     base = scenario(**GLM_DPO)
-    assert estimate_roles(base).verdict == "oom"
+    assert estimate(base).verdict == "oom"
     rows = plan(base, set(), 128)
     assert rows
     first = rows[0]
@@ -31,10 +31,10 @@ def test_glm4_dpo_eager_oom_is_fixed_by_flash_attention_first(scenario):
     assert attention.after == "flash" and attention.needed_to_fit
     assert attention.device_saving_bytes > 40 * GiB  # one layer's recomputed fp32 scores, 2 rows x 32 heads x 8192^2
     for r in rows:
-        e = estimate_roles(r.scenario)
+        e = estimate(r.scenario)
         assert e.verdict in ("fits", "tight") and r.device_peak_bytes == e.device_total.peak.total
         assert r.scenario.micro_batch * r.scenario.grad_accum * r.scenario.world_size == 128
-        assert r.tokens_per_second == roles_step_time(r.scenario).tokens_per_second
+        assert r.tokens_per_second == step_time(r.scenario).tokens_per_second
 
 
 def test_reference_offload_is_offered_only_under_zero3_and_moves_weights_to_the_host(scenario):
@@ -51,10 +51,10 @@ def test_reference_offload_is_offered_only_under_zero3_and_moves_weights_to_the_
 
 def test_the_reference_forward_costs_time_and_its_offload_more(scenario):
     base = scenario(**{**GLM_DPO, "attention": "flash"})
-    dpo = roles_step_time(base)
+    dpo = step_time(base)
     assert dpo.breakdown["reference_forward"] > 0
-    assert roles_step_time(_rl(base, ref_offload=True)).seconds > dpo.seconds
-    assert roles_step_time(base.with_changes(attention="eager")).seconds > dpo.seconds
+    assert step_time(_rl(base, ref_offload=True)).seconds > dpo.seconds
+    assert step_time(base.with_changes(attention="eager")).seconds > dpo.seconds
 
 
 def test_ppo_plan_proposes_the_usual_fixes_with_their_savings(scenario):
@@ -62,7 +62,7 @@ def test_ppo_plan_proposes_the_usual_fixes_with_their_savings(scenario):
     train_ppo_ray --colocate_all_models): the plan lowers vLLM's memory, puts vLLM and DeepSpeed to sleep
     and offloads a frozen model, each change with the device memory it saves applied alone to the start."""
     base = scenario(**PPO)
-    start = estimate_roles(base)
+    start = estimate(base)
     assert start.verdict == "oom"
     started = time.perf_counter()
     rows = plan(base, set(), None)
@@ -70,7 +70,7 @@ def test_ppo_plan_proposes_the_usual_fixes_with_their_savings(scenario):
     assert len(rows) >= 3
     seen = {}
     for r in rows:
-        e = estimate_roles(r.scenario)
+        e = estimate(r.scenario)
         assert e.verdict in ("fits", "tight") and r.verdict == e.verdict
         for c in r.changes:
             if c.knob in USUAL_PPO_FIXES:
@@ -80,7 +80,7 @@ def test_ppo_plan_proposes_the_usual_fixes_with_their_savings(scenario):
     assert seen["vllm_gpu_memory_utilization"].after < 0.95
     for knob, c in seen.items():
         assert c.measured == "alone" and c.device_saving_bytes > GiB, knob
-        alone = estimate_roles(_rl(base, **{knob: c.after}))
+        alone = estimate(_rl(base, **{knob: c.after}))
         assert c.device_saving_bytes == start.device_total.peak.total - alone.device_total.peak.total
     assert seen["vllm_sleep"].host_saving_bytes < 0 and seen["deepspeed_sleep"].host_saving_bytes < 0
 
@@ -97,8 +97,8 @@ def test_ppo_fixes_are_tried_only_where_they_act(scenario):
 
 def test_lower_vllm_memory_slows_generation_and_too_little_cannot_generate(scenario):
     base = scenario(**PPO)
-    fast = roles_step_time(base)
-    slow = roles_step_time(_rl(base, vllm_gpu_memory_utilization=0.3))
+    fast = step_time(base)
+    slow = step_time(_rl(base, vllm_gpu_memory_utilization=0.3))
     assert slow.breakdown["generate"] > fast.breakdown["generate"]
-    assert roles_step_time(_rl(base, vllm_gpu_memory_utilization=0.05)).tokens_per_second == 0  # no KV cache left
+    assert step_time(_rl(base, vllm_gpu_memory_utilization=0.05)).tokens_per_second == 0  # no KV cache left
     assert baseline(base).verdict == "oom"

@@ -5,9 +5,9 @@ from dataclasses import replace
 import pytest
 
 from memfit.errors import MemfitError
-from memfit.memory.estimate import estimate
+from memfit.roles.estimate import estimate
 from memfit.planner.search import Options, baseline, choose_for_fit, closest_miss, plan
-from memfit.planner.speed import step_time
+from memfit.planner.step_time import step_time
 
 QWEN = dict(model="Qwen/Qwen2-7B-Instruct", gpu="rtx4090", gpus=4, profile="openrlhf", tuning="full", zero_stage=3,
             micro_batch=4, seq_len=128, checkpointing="full", attention="flash")

@@ -1,8 +1,9 @@
 """memfit/planner/speed.py ranks configurations the way the frameworks' costs order them."""
 import pytest
 
-from memfit.memory.estimate import estimate
-from memfit.planner.speed import assumptions, step_time
+from memfit.roles.estimate import estimate
+from memfit.planner.speed import assumptions
+from memfit.planner.step_time import step_time
 
 LLAMA_A100 = dict(model="meta-llama/Llama-3.1-8B-Instruct", gpu="a100-80gb", gpus=8, profile="hf-trainer",
                   tuning="lora", micro_batch=2, seq_len=4096, checkpointing="full")

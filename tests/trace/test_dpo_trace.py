@@ -5,10 +5,10 @@ tiny and multiples of 512 bytes, so the numbers are exact where the formulas are
 """
 import pytest
 
+from memfit.roles.estimate import estimate
 from memfit.facts.catalog import GpuSpec, ModelSpec
 from memfit.errors import MemfitError
 from memfit.facts.profiles import build_scenario
-from memfit.roles.estimate import estimate_roles
 from memfit.facts.scenario import Hardware
 from memfit.trace.run import run_trace
 
@@ -41,7 +41,7 @@ def compared_peak(profile) -> int:
 def test_dpo_trace_agrees_with_the_estimate(knobs):
     s = dpo(**knobs)
     traced = run_trace(s)
-    est = estimate_roles(s)
+    est = estimate(s)
     trace_peak, est_peak = compared_peak(traced.profile), compared_peak(est.allocated)
     assert abs(est_peak - trace_peak) / trace_peak * 100 <= TOLERANCE_PCT, (est_peak, trace_peak)
     # the policy's fp32 log-prob logits are what the forward keeps beyond activations, in both

@@ -29,7 +29,7 @@ def add_fit_command(sub) -> None:
 def run_fit(a: argparse.Namespace) -> int:
     from memfit.interfaces.formats import diff, knobs_from_scenario, read_config, write_config_files
     from memfit.planner.search import Options, choose_for_fit, estimate_any, plan
-    from memfit.interfaces.render.tables import gib
+    from memfit.interfaces.render.common import gib
 
     args = argparse.Namespace(**{**blank_arguments(), "model": a.model, "from_file": a.file, "gpu": a.gpu,
                                  "gpu_mem": a.gpu_mem, "gpus_per_node": a.gpus_per_node, "nodes": a.nodes,
@@ -90,7 +90,7 @@ def run_fit(a: argparse.Namespace) -> int:
 def _effect(c) -> str:
     """A change's effect as signed deltas (memory down is negative, speed up is positive): a saving of
     -12 GiB read as a cost is easy to misread."""
-    from memfit.interfaces.render.tables import GiB
+    from memfit.interfaces.render.common import GiB
 
     host = f", host per node {-c.host_saving_bytes / GiB:+,.2f} GiB" if c.host_saving_bytes else ""
     return f"per GPU {-c.device_saving_bytes / GiB:+,.2f} GiB{host}, speed {-c.speed_cost_pct:+.1f}%"

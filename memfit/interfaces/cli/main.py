@@ -12,24 +12,17 @@ from memfit.interfaces.cli.args import Parser, add_scenario_arguments, positive_
 
 
 def _cmd_estimate(a) -> int:
-    from memfit.memory.estimate import estimate
+    from memfit.roles.estimate import estimate
 
-    s = scenario_from_args(a)
-    if s.method not in ("sft", "pt"):  # issue 6: several models (policy, reference, critic, reward, vLLM)
-        from memfit.roles.estimate import estimate_roles as estimate
-    result = estimate(s)
+    result = estimate(scenario_from_args(a))
     if a.json:
         import json
 
         print(json.dumps(result.to_json(), indent=2))
     else:
-        from memfit.interfaces.render.tables import print_estimate
+        from memfit.interfaces.render.estimate import print_estimate
 
         print_estimate(result)
-        if hasattr(result, "groups"):  # issue 6: per-role and per-GPU-group tables
-            from memfit.interfaces.render.roles import print_roles
-
-            print_roles(result)
     return 0
 
 
@@ -58,11 +51,9 @@ def _cmd_trace(a) -> int:
             console.print(f"traced allocated peak {peak / 2**30:.2f} GiB of {gpu.name}'s "
                           f"{gpu.memory_bytes / 2**30:.2f} GiB (`memfit estimate` adds cache, context and NCCL)")
         if a.compare:
-            from memfit.memory.estimate import estimate
-            from memfit.interfaces.render.tables import print_comparison
+            from memfit.interfaces.render.estimate import print_comparison
+            from memfit.roles.estimate import estimate
 
-            if scenario.method not in ("sft", "pt"):  # DPO: policy + reference on one GPU (issue 6)
-                from memfit.roles.estimate import estimate_roles as estimate
             print_comparison(estimate(scenario).allocated, result.profile, "trace")
     return 0
 
@@ -79,12 +70,10 @@ def _cmd_measure(a) -> int:
         return 0
     from rich.console import Console
 
-    from memfit.memory.estimate import estimate
-    from memfit.interfaces.render.tables import print_comparison
+    from memfit.roles.estimate import estimate
+    from memfit.interfaces.render.estimate import print_comparison
 
     render(result, Console())
-    if scenario.method not in ("sft", "pt"):  # DPO: the policy and reference engines (issue 6)
-        from memfit.roles.estimate import estimate_roles as estimate
     worst = max(result.ranks, key=lambda r: r.device.peak.total)
     print_comparison(estimate(scenario).allocated, worst.device, "measured (worst rank)")
     return 0
@@ -93,7 +82,7 @@ def _cmd_measure(a) -> int:
 def _cmd_models(a) -> int:
     from memfit.facts.catalog import models
     from memfit.memory.inventory import count_params
-    from memfit.interfaces.render.tables import print_table
+    from memfit.interfaces.render.common import print_table
 
     key = (a.filter or "").lower()
     rows = [(m.id, m.arch, f"{count_params(m) / 1e9:.2f}B", ", ".join(m.aliases[:3]))
@@ -104,7 +93,7 @@ def _cmd_models(a) -> int:
 
 def _cmd_gpus(a) -> int:
     from memfit.facts.catalog import gpus
-    from memfit.interfaces.render.tables import print_table
+    from memfit.interfaces.render.common import print_table
 
     key = (a.filter or "").lower()
     rows = [(g.id, g.name, f"{g.memory_bytes / 2**30:.2f} GiB", f"{g.bf16_tflops:g}", f"{g.memory_bandwidth_gbps:g}",

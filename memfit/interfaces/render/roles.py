@@ -1,8 +1,9 @@
-"""Terminal tables for multi-model runs (memfit/roles/estimate.py MultiEstimate). Reads results; computes nothing."""
+"""Terminal tables of a run with several roles: where each sits, what each GPU group holds at each moment.
+Reads results; computes nothing."""
 from __future__ import annotations
 
 from memfit.breakdown import CATEGORIES
-from memfit.interfaces.render.tables import VERDICT_STYLE, _console, gib
+from memfit.interfaces.render.common import VERDICT_STYLE, console, gib
 
 SHORT = {"weights": "weights", "gradients": "grads", "optimizer_states": "optim", "activations": "activ",
          "logits_loss": "logits", "engine_buffers": "buffers", "runtime_overhead": "runtime"}
@@ -11,8 +12,8 @@ SHORT = {"weights": "weights", "gradients": "grads", "optimizer_states": "optim"
 def print_roles(e) -> None:
     from rich.table import Table
 
-    con = _console()
-    roles = Table(title=f"{e.method}: roles")
+    con = console()
+    roles = Table(title=f"{e.scenario.method}: roles")
     for col in ("role", "model", "process", "GPU group", "trains", "placement", "rows x seq", "active GiB/GPU",
                 "host GiB/node"):
         roles.add_column(col)

@@ -1,63 +1,18 @@
-"""Combine model states, activations and overheads over the phases of a training step.
-
-The result per rank is three device profiles (allocated, reserved, device total) and one host profile
-per node, each phase a breakdown by category; the verdict compares the peaks with capacity.
+"""One trained model's memory over the phases of a training step: model states, activations and overheads
+combined into three device profiles per rank (allocated, reserved, device total), each phase a breakdown by
+category; the verdict rule compares a peak with capacity. memfit/roles/ puts the roles of a run together.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from memfit.facts.engines import engine_of
 from memfit.memory import overheads
-from memfit.memory.activations import Activations, activations
+from memfit.memory.activations import Activations
 from memfit.breakdown import Breakdown, PhaseProfile
-from memfit.memory.inventory import ParamTensor, scenario_tensors
+from memfit.memory.inventory import ParamTensor
 from memfit.facts.scenario import Scenario
-from memfit.memory.states import ModelStates, model_states, trainable_dtype_bytes
+from memfit.memory.states import ModelStates, trainable_dtype_bytes
 
 TIGHT_FRACTION = 0.05  # under 5% of the card left counts as "tight"
-
-
-@dataclass
-class Estimate:
-    scenario: Scenario
-    total_params: int
-    trainable_params: int
-    allocated: PhaseProfile
-    reserved: PhaseProfile
-    device_total: PhaseProfile
-    host: PhaseProfile  # per node
-    verdict: str
-    margin_bytes: int
-    host_margin_bytes: int | None
-    assumptions: list[str] = field(default_factory=list)
-
-    @property
-    def peak_phase(self) -> str:
-        return self.device_total.peak_phase
-
-    def to_json(self) -> dict:
-        s = self.scenario
-        return {
-            "schema": "memfit.memory.estimate/1",
-            "model": s.model.id,
-            "gpu": s.hardware.gpu.name,
-            "gpu_memory_bytes": s.hardware.gpu.memory_bytes,
-            "gpus_per_node": s.hardware.gpus_per_node,
-            "nodes": s.hardware.nodes,
-            "params": {"total": self.total_params, "trainable": self.trainable_params},
-            "per_rank": {
-                "allocated": self.allocated.to_json(),
-                "reserved": self.reserved.to_json(),
-                "device_total": self.device_total.to_json(),
-            },
-            "host_per_node": self.host.to_json(),
-            "host_ram_bytes": s.hardware.host_ram,
-            "verdict": self.verdict,
-            "margin_bytes": self.margin_bytes,
-            "host_margin_bytes": self.host_margin_bytes,
-            "assumptions": list(self.assumptions),
-        }
 
 
 def _static(ms: ModelStates, runtime: int, grads: int = 0, optimizer: int | None = None) -> dict[str, int]:
@@ -158,42 +113,6 @@ def reserved_profile(alloc: PhaseProfile, ms: ModelStates) -> PhaseProfile:
         phase: b.plus("runtime_overhead", overheads.allocator_cache(_churn(b, ms)))
         for phase, b in alloc.phases.items()
     })
-
-
-def device_total_profile(s: Scenario, reserved: PhaseProfile, ms: ModelStates) -> PhaseProfile:
-    context, nccl = overheads.non_torch_device_bytes(s.world_size, s.hardware.nodes)
-    return PhaseProfile({
-        phase: b.plus("runtime_overhead", context + nccl).plus("optimizer_states", ms.paged_optimizer)
-        for phase, b in reserved.phases.items()
-    })
-
-
-def estimate(s: Scenario) -> Estimate:
-    from memfit.memory.host import host_profile  # host accounting reads the same states
-
-    tensors = scenario_tensors(s)
-    ms = model_states(s, tensors)
-    act = activations(s, [t for t in tensors if t.kind == "lora"])
-    alloc = allocated_profile(s, tensors, ms, act)
-    reserved = reserved_profile(alloc, ms)
-    total = device_total_profile(s, reserved, ms)
-    host = host_profile(s, tensors, ms, act)
-    capacity = s.hardware.gpu.memory_bytes
-    margin = capacity - total.peak.total
-    host_margin = None if s.hardware.host_ram is None else s.hardware.host_ram - host.peak.total
-    return Estimate(
-        scenario=s,
-        total_params=sum(t.total for t in tensors if t.kind != "lora"),
-        trainable_params=sum(t.total for t in tensors if t.trainable),
-        allocated=alloc,
-        reserved=reserved,
-        device_total=total,
-        host=host,
-        verdict=verdict_of(margin, capacity, host_margin),
-        margin_bytes=margin,
-        host_margin_bytes=host_margin,
-        assumptions=list(s.assumed) + ms.notes,
-    )
 
 
 def verdict_of(margin: int, capacity: int, host_margin: int | None) -> str:

@@ -1,31 +1,9 @@
-"""Terminal presentation (rich). Reads results; never computes memory."""
+"""Terminal presentation of an estimate (rich). Reads results; never computes memory."""
 from __future__ import annotations
 
 from memfit.breakdown import CATEGORIES, PHASES
-
-GiB = 2**30
-VERDICT_STYLE = {"fits": "bold green", "tight": "bold yellow", "oom": "bold red", "host_oom": "bold red"}
-
-
-def gib(n: int | float) -> str:
-    return f"{n / GiB:,.2f}"
-
-
-def _console():
-    from rich.console import Console
-
-    return Console()
-
-
-def print_table(title: str, header: tuple[str, ...], rows) -> None:
-    from rich.table import Table
-
-    table = Table(title=title)
-    for h in header:
-        table.add_column(h)
-    for r in rows:
-        table.add_row(*map(str, r))
-    _console().print(table)
+from memfit.interfaces.render.common import VERDICT_STYLE, console, gib
+from memfit.interfaces.render.roles import print_roles
 
 
 def _setup_line(s) -> str:
@@ -40,7 +18,7 @@ def _setup_line(s) -> str:
 def print_estimate(e) -> None:
     from rich.table import Table
 
-    con = _console()
+    con = console()
     s = e.scenario
     hw = s.hardware
     nodes = f" per node, {hw.nodes} nodes" if hw.nodes > 1 else ""
@@ -75,6 +53,8 @@ def print_estimate(e) -> None:
     if e.host_margin_bytes is not None:
         verdict += f"; host margin {gib(e.host_margin_bytes)} GiB"
     con.print(verdict)
+    if len(e.roles) > 1 or len(e.groups) > 1:  # several models: where each sits and what each holds
+        print_roles(e)
     if e.assumptions:
         con.print("[dim]assumed: " + "; ".join(e.assumptions) + "[/]")
 
@@ -92,4 +72,4 @@ def print_comparison(estimated, other, other_name: str) -> None:
         x, y = (a.total, b.total) if c == "total" else (a.get(c), b.get(c))
         err = f"{100 * (x - y) / y:+.1f}%" if y else ""
         table.add_row(c.replace("_", " "), gib(x), gib(y), err)
-    _console().print(table)
+    console().print(table)

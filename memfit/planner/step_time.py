@@ -20,11 +20,11 @@ import math
 
 from memfit.facts.catalog import find_model
 from memfit.facts.methods import generator_facts, method_facts
-from memfit.roles.memory import Generator, full_params
+from memfit.roles.generator import Generator, full_params
 from memfit.facts.engines import Sharding, engine_of
 from memfit.facts.scenario import Scenario
 from memfit.planner.speed import (GB, StepTime, assumptions, gather_seconds, host_link_bytes_per_second,
-                          nograd_forward_seconds, param_counts, step_time)
+                                  nograd_forward_seconds, param_counts, train_step_time)
 
 
 def _weight_bytes(s: Scenario) -> int:
@@ -56,7 +56,7 @@ def _finish(parts: dict[str, float], tokens: int) -> StepTime:
 def _single_process(s: Scenario, facts: dict) -> StepTime:
     rows = s.micro_batch * facts.get("rows_per_example", 1)
     policy = s.with_changes(method="sft", micro_batch=rows)
-    train = step_time(policy)
+    train = train_step_time(policy)
     parts = dict(train.breakdown)
     if facts.get("reference") and not s.precompute_ref_log_probs:
         ref = policy.with_changes(model=find_model(s.ref_model) if s.ref_model else s.model)
@@ -102,7 +102,7 @@ def _ray(s: Scenario, facts: dict) -> StepTime:
     trained = [actor] + ([actor.with_changes(model=find_model(s.critic_model) if s.critic_model else reward_model)]
                          if facts.get("critic") else [])
     train_steps = max(1, samples // (s.micro_batch * s.grad_accum * s.world_size))
-    parts = {"generate": generate, "train": train_steps * sum(step_time(t).seconds for t in trained)}
+    parts = {"generate": generate, "train": train_steps * sum(train_step_time(t).seconds for t in trained)}
     rollout = actor.with_changes(micro_batch=s.rollout_micro_batch or 1)
     passes = math.ceil(samples / s.world_size / rollout.micro_batch)
     frozen = [(rollout, False) for _ in trained]
@@ -116,6 +116,7 @@ def _ray(s: Scenario, facts: dict) -> StepTime:
     return _finish(parts, samples * s.seq_len)
 
 
-def roles_step_time(s: Scenario) -> StepTime:
+def step_time(s: Scenario) -> StepTime:
+    """One optimizer step of a run (PPO / GRPO: one rollout cycle); SFT is a one-process run of one model."""
     facts = method_facts(s.method)
     return _ray(s, facts) if facts.get("generator") else _single_process(s, facts)
