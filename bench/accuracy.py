@@ -9,8 +9,8 @@
 
 Every row is one single-GPU, plain-PyTorch (engine single) run on an A100-80GB: a catalog model x
 full/LoRA x checkpointing x attention x micro-batch x sequence length x bf16-pure/bf16-mixed x
-foreach/fused AdamW. The headline summary is the 162-row SFT grid's; issue 6 adds DPO rows (OpenRLHF's
-step: policy + frozen bf16 reference on chosen + rejected rows, against `estimate_roles`) and more MoE
+foreach/fused AdamW. The headline summary is the 162-row SFT grid's; groups beside it add DPO rows (OpenRLHF's
+step: policy + frozen bf16 reference on chosen + rejected rows, against the estimate) and more MoE
 families, summarised as groups. For each row the estimate's *allocated* profile is compared with the trace's:
 - total peak: the estimate counts only the categories the trace models (weights, gradients,
   optimizer states, activations, logits/loss); its runtime_overhead (cuBLAS workspace) and
@@ -193,7 +193,7 @@ def grid() -> list[GridRow]:
     return unique
 
 
-# issue 6 rows, outside the 162-row SFT scoreboard (`grid()`) so its summary stays comparable over time.
+# Rows outside the 162-row SFT scoreboard (`grid()`), so its summary stays comparable over time.
 # DPO: OpenRLHF's step on one GPU (2 x micro-batch rows; a separate bf16 reference, LoRA or not).
 DPO_MODELS = (
     ("llama3.2-1b", "meta-llama/Llama-3.2-1B", ("sdpa", "eager")),
@@ -624,7 +624,7 @@ def scoreboard(comparisons: list[Comparison]) -> list[Comparison]:
 
 
 def group_summaries(comparisons: list[Comparison]) -> dict:
-    """Median / max |error| of the issue 6 groups (DPO rows, MoE rows from both lists)."""
+    """Median / max |error| of the groups beside the SFT grid (DPO rows, MoE rows from both lists)."""
     return {name: summary([c for c in comparisons if member(c.row)]) for name, member in GROUPS.items()}
 
 

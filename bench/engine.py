@@ -7,7 +7,7 @@ Small Llama and Qwen2 configs (built here as ModelSpecs, published_params=None) 
 RAM per node the engine's objects take (offloaded states, pinned buffers, the model while it loads,
 checkpoint loads). When `memfit.roles.estimate` exists, its per-rank allocated profile (minus the CUDA-only
 runtime overhead, which a CPU run cannot see) and its host profile (minus the per-process baseline) are
-the estimate columns. DPO rows (issue 6) run OpenRLHF's layout: the policy engine and a bf16 reference engine
+the estimate columns. DPO rows run OpenRLHF's layout: the policy engine and a bf16 reference engine
 (ZeRO-3 sharded under stage 3, a full replica otherwise, LoRA or not), against `memfit.roles.estimate.estimate`.
 
 --summary-json prints {"n", "within_5pct_fraction", "max_abs_pct_error", "host_within_15pct_fraction"}.
@@ -44,7 +44,7 @@ def tiny(arch: str, name: str, hidden: int, layers: int, heads: int, kv: int, in
 
 LLAMA = tiny("llama", "bench/llama-22m", hidden=384, layers=6, heads=6, kv=2, inter=1024, vocab=16000)
 QWEN2 = tiny("qwen2", "bench/qwen2-25m", hidden=512, layers=6, heads=8, kv=2, inter=1408, vocab=16000, tie=True)
-# issue 6: a small Mixtral (8 experts, top-2, stacked expert params in transformers 5); under ZeRO-3 `memfit measure`
+# a small Mixtral (8 experts, top-2, stacked expert params in transformers 5); under ZeRO-3 `memfit measure`
 # marks MixtralSparseMoeBlock a leaf module as LLaMA-Factory does, so each block is fetched whole
 MIXTRAL = replace(tiny("mixtral", "bench/mixtral-33m", hidden=384, layers=4, heads=6, kv=2, inter=768, vocab=8000),
                   num_experts=8, experts_per_token=2, moe_intermediate_size=768)
@@ -70,7 +70,7 @@ def scenario(spec: ModelSpec, engine: str = "deepspeed", stage: int = 2, offload
 
 
 def dpo_scenario(spec: ModelSpec, stage: int, lora: bool = False) -> Scenario:
-    """OpenRLHF train_dpo (issue 6): the policy on chosen + rejected rows (2 x micro-batch) and a bf16 reference
+    """OpenRLHF train_dpo: the policy on chosen + rejected rows (2 x micro-batch) and a bf16 reference
     engine, ZeRO-3 sharded when the policy runs stage 3, a full replica otherwise (also under LoRA)."""
     # buckets as in the SFT rows (OpenRLHF's "auto" would mean DeepSpeed's defaults: a 5e8-element bucket that
     # dwarfs a 22M model and every DPO term); the reference engine takes the policy's stage-3 sizes, as in OpenRLHF

@@ -73,7 +73,7 @@ def _gpu(case: dict):
 
 def _method(text: str) -> tuple[str, str]:
     """A case's method text -> (memfit method, tuning text): 'dpo (full)' -> ('dpo', 'full'), 'lora' -> ('sft', 'lora').
-    Preference / RL methods run several models (memfit/roles/estimate.py, issue 6)."""
+    Preference / RL methods run several models (memfit/roles/)."""
     m = text.lower().strip()
     head = re.match(r"[a-z]+", m)
     if head and head.group(0) in knob("method").choices and several_models(head.group(0)):
@@ -164,7 +164,7 @@ def _lora_targets(case: dict) -> tuple[str, ...] | None:
 
 
 def _attention(case: dict) -> str | None:
-    """flash_attention_2 -> flash; eager stated -> eager (OpenRLHF <= v0.8 without --flash_attn, knobs.md E.3);
+    """flash_attention_2 -> flash; eager stated -> eager (OpenRLHF <= v0.8 without --flash_attn, docs/knobs.md E.3);
     anything else -> the profile's default."""
     impl = (case.get("attention_impl") or "").lower()
     return "flash" if impl.startswith("flash") else ("eager" if impl.startswith("eager") else None)
@@ -267,7 +267,7 @@ def summarize(rows: list[Row]) -> dict:
     reasons: dict[str, int] = {}
     for r in skipped:
         reasons[r.skip] = reasons.get(r.skip, 0) + 1
-    # issue 6 holds mixture-of-experts cases to the same bar as the whole set, so they get their own line
+    # mixture-of-experts cases are held to the same bar as the whole set, so they get their own line
     moe = _accuracy([r for r in rows if _is_moe(r.case)])
     return {**_accuracy(rows), "n_skipped": len(skipped), "skipped_reasons": reasons, "moe": moe}
 

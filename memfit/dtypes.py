@@ -2,7 +2,7 @@
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
 
-# bitsandbytes 4-bit (knobs.md D): 0.5 B packed + fp32 absmax per 64-element block;
+# bitsandbytes 4-bit (docs/knobs.md D): 0.5 B packed + fp32 absmax per 64-element block;
 # double quantization stores absmax as uint8 with an fp32 scale per 256 blocks.
 NF4_BYTES = 0.5 + 4 / 64
 NF4_DQ_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)

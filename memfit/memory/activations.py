@@ -1,6 +1,6 @@
 """Activation and logits/loss bytes of one micro-batch, from what the HF modeling code saves for backward.
 
-Source: ../shared/reference/knobs.md C (read from transformers' modeling_llama.py, sdpa_attention.py,
+Source: docs/knobs.md C (read from transformers' modeling_llama.py, sdpa_attention.py,
 masking_utils.py, loss_utils.py; TRL's chunked loss; Liger's fused linear cross entropy), D (PEFT).
 Every term is "bytes per token" (or per token x key for attention scores) times the token count.
 """

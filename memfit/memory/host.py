@@ -1,6 +1,6 @@
 """Host RAM per node by phase: loading copies, offloaded states, pinned buffers, checkpoint save and resume.
 
-Sources: ../shared/reference/knobs.md G (model loading), A.6 (offload buffers), A.8 (checkpoint
+Sources: docs/knobs.md G (model loading), A.6 (offload buffers), A.8 (checkpoint
 load / resume), C.2 (offloaded checkpointing).
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ def host_profile(s: Scenario, tensors: list[ParamTensor], ms: ModelStates, act: 
     # a DeepSpeed checkpoint writes each rank's own partitions; torch.save streams their storages
     save = dict(steady)
     resume = dict(steady)
-    # each rank torch.loads its checkpoint files at once, without mmap (knobs.md A.8, FINDINGS.md)
+    # each rank torch.loads its checkpoint files at once, without mmap (docs/knobs.md A.8, FINDINGS.md)
     resume["optimizer_states"] += g * (ms.resume_host if engine_of(s).sharded_checkpoint(s) else 12 * psi)
     return PhaseProfile({
         "load": Breakdown(load),

@@ -147,7 +147,7 @@ def base_tensors(model: ModelSpec) -> list[ParamTensor]:
         tensors += _norm_tensors(model, "embed_norm", h, 1, False)
     if model.encoder_decoder:
         tensors += _encoder_decoder_tensors(model)
-    elif model.attention == "mla":  # issue 6: DeepSeek-V2/V3 (MLA attention, dense-first layers, shared experts)
+    elif model.attention == "mla":  # DeepSeek-V2/V3: latent attention, dense-first layers, shared experts
         tensors += mla_layer_tensors(model)
         tensors += _norm_tensors(model, "final_norm", h, 1, False)
     else:
@@ -228,7 +228,7 @@ def scenario_tensors(s) -> list[ParamTensor]:
     return tuned_tensors(s.model, s.tuning, s.lora_rank, s.lora_targets, s.dora, s.freeze_trainable_layers)
 
 
-# ---------------------------------------------------------------------------------------------- MLA (issue 6)
+# ---------------------------------------------------------------------------------------------- MLA
 # DeepSeek-V2 / V3 decoder layers: multi-head latent attention, the first `first_k_dense_replace` layers dense, the
 # rest MoE with shared experts. Source: transformers models/deepseek_v3/modeling_deepseek_v3.py (DeepseekV3Attention,
 # DeepseekV3MoE, DeepseekV3TopkRouter; V2 is the same parameter layout). Keys beyond ModelSpec live in `model.extra`.

@@ -1,6 +1,6 @@
 """Memory outside the model's tensors: cuBLAS workspace, allocator cache, CUDA context, NCCL, process RSS.
 
-Sources: ../shared/reference/knobs.md H.1-H.3 (CublasHandlePool.cpp, CUDACachingAllocator.cpp, NCCL
+Sources: docs/knobs.md H.1-H.3 (CublasHandlePool.cpp, CUDACachingAllocator.cpp, NCCL
 issues). These are the constants a GPU run should calibrate; each is named and used in one place.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ CUBLASLT_WORKSPACE = 1 * MiB
 # CUDA context with lazy module loading: 287 MB measured, "~400MB" per PyTorch maintainers (H.1).
 CUDA_CONTEXT = 400 * 10**6
 # NCCL buffers: NCCL_BUFFSIZE 4 MiB per channel and peer; DeepSpeed/FSDP create several communicators.
-# knobs.md H.1 budgets 0.5-2 GB per GPU; we assume the low end for one node, more across nodes.
+# docs/knobs.md H.1 budgets 0.5-2 GB per GPU; we assume the low end for one node, more across nodes.
 NCCL_ONE_NODE = 512 * MiB
 NCCL_MULTI_NODE = 1 * GiB
 # Allocator cache and fragmentation: reserved exceeds allocated by 5-30% in training (H.3); we assume a
