@@ -113,10 +113,8 @@ def _role_scenario(s: Scenario, gpus: int, model=None) -> Scenario:
     hw = s.hardware
     per_node = min(gpus, hw.gpus_per_node)
     hardware = Hardware(gpu=hw.gpu, gpus_per_node=per_node, nodes=-(-gpus // per_node), host_ram=hw.host_ram)
-    engine = s.engine if gpus > 1 or s.engine != "ddp" else "single"
-    if engine == "single" and gpus > 1:
-        engine = "ddp"
-    return s.with_changes(hardware=hardware, engine=engine, model=model or s.model, method="sft")
+    return s.with_changes(hardware=hardware, engine=engine_of(s).name_for(s, gpus), model=model or s.model,
+                          method="sft")
 
 
 def _models(s: Scenario, notes: list[str]) -> RayRun:

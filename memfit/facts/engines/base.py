@@ -124,6 +124,10 @@ class Engine:
     def describe(self, s) -> str:
         return {"single": "single GPU", "ddp": "DDP"}.get(s.engine, s.engine)
 
+    def name_for(self, s, gpus: int) -> str:
+        """The engine a part of the run on `gpus` GPUs uses: plain torch is DDP on several GPUs, one GPU alone."""
+        return "ddp" if gpus > 1 else "single"
+
     def kbit_upcast_default(self) -> bool | None:
         """None: the framework profile decides whether QLoRA upcasts the non-4-bit params."""
         return None

@@ -97,6 +97,9 @@ def hf_auto_buckets(hidden_size: int, stage: int) -> dict:
 class DeepSpeed(Engine):
     name = "deepspeed"
 
+    def name_for(self, s, gpus: int) -> str:
+        return self.name
+
     def sharding(self, s) -> Sharding:
         return STAGE_SHARDING[s.zero_stage]
 

@@ -12,6 +12,9 @@ STRATEGY_SHARDING = {"no_shard": Sharding.NONE, "shard_grad_op": Sharding.GRADIE
 class Fsdp(Engine):
     name = "fsdp"
 
+    def name_for(self, s, gpus: int) -> str:
+        return self.name
+
     def sharding(self, s) -> Sharding:
         return STRATEGY_SHARDING[s.fsdp_strategy]
 
