@@ -6,7 +6,8 @@ import pytest
 
 from memfit.errors import MemfitError
 from memfit.facts.knobs import axes, hardware, inputs, knobs
-from memfit.facts.profiles import build_scenario, profiles
+from memfit.facts.frameworks import frameworks
+from memfit.facts.profiles import build_scenario
 from memfit.facts.scenario import Scenario
 from memfit.interfaces.cli.main import build_parser
 
@@ -53,9 +54,8 @@ def test_a_flag_spelled_by_its_alias_lands_in_the_same_knob():
 
 def test_profiles_set_only_knobs_the_table_lets_them_set():
     settable = {name for name, k in knobs().items() if k.profile} | {"zero_stage"}
-    for name, profile in profiles().items():
-        stated = set(profile) - {"description", "zero_auto"}
-        assert stated <= settable, (name, stated - settable)
+    for name, fw in frameworks().items():
+        assert set(fw.defaults) <= settable, (name, set(fw.defaults) - settable)
 
 
 def test_axes_name_only_knobs_and_cover_each_knob_once():

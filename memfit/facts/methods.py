@@ -12,6 +12,7 @@ from functools import cache
 
 from memfit.errors import MemfitError
 from memfit.facts.catalog import HERE
+from memfit.facts.frameworks import framework
 
 
 @cache
@@ -25,8 +26,8 @@ def method_facts(method: str) -> dict:
 
 
 def framework_facts(profile: str) -> dict:
-    table = facts()["framework"]
-    return table.get(profile, table["default"])
+    """How the framework runs preference / RL methods (data/frameworks/NAME.toml [methods])."""
+    return framework(profile).methods
 
 
 def logits_facts(kind: str) -> dict:

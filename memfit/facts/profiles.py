@@ -1,51 +1,36 @@
-"""Framework profiles: fill the knobs a user left unset with what that framework really does.
+"""A Scenario from what the user said: the knobs a user left unset get what their framework really does.
 
-Facts live in data/frameworks.toml; this module only applies them and records each default it took, so
-the output can say which assumptions the estimate rests on.
+The framework's facts live in data/frameworks/NAME.toml (memfit/facts/frameworks.py); this module applies them
+and records each default it took, so the output can say which assumptions the estimate rests on.
 """
 from __future__ import annotations
 
-import tomllib
-from functools import cache
-
 from memfit.errors import MemfitError
-from memfit.facts.catalog import HERE, ModelSpec
+from memfit.facts.catalog import ModelSpec
 from memfit.facts.engines import ENGINES
 from memfit.facts.engines.deepspeed import hf_auto_buckets
+from memfit.facts.frameworks import Framework, framework
 from memfit.facts.knobs import acting_when, knobs
 from memfit.facts.scenario import Hardware, Scenario
 
 SINGLE_MODEL_METHODS = ("sft", "pt")
 
 
-@cache
-def profiles() -> dict[str, dict]:
-    with open(HERE / "frameworks.toml", "rb") as f:
-        return tomllib.load(f)
-
-
-def get_profile(name: str) -> dict:
-    table = profiles()
-    if name not in table:
-        raise MemfitError(f"unknown framework profile {name!r}; choose one of: {', '.join(table)}")
-    return table[name]
-
-
-def zero_buckets(profile: dict, model: ModelSpec, stage: int) -> dict:
+def zero_buckets(fw: Framework, model: ModelSpec, stage: int) -> dict:
     """DeepSpeed values for keys a framework writes as "auto" (docs/knobs.md A.3)."""
-    return hf_auto_buckets(model.hidden_size, stage) if profile.get("zero_auto") == "hf" else {}
+    return hf_auto_buckets(model.hidden_size, stage) if fw.deepspeed_auto == "hf" else {}
 
 
-def _engine(given: dict, profile: dict, hardware: Hardware, assumed: list[str], name: str) -> str:
+def _engine(given: dict, defaults: dict, hardware: Hardware, assumed: list[str], name: str) -> str:
     if given.get("engine"):
         return given["engine"]
     if given.get("zero_stage") is not None:
         return "deepspeed"
     if given.get("fsdp_strategy"):
         return "fsdp"
-    if "zero_stage" in profile:
-        assumed.append(f"engine=deepspeed ZeRO-{profile['zero_stage']} ({name} default)")
-        given["zero_stage"] = profile["zero_stage"]
+    if "zero_stage" in defaults:
+        assumed.append(f"engine=deepspeed ZeRO-{defaults['zero_stage']} ({name} default)")
+        given["zero_stage"] = defaults["zero_stage"]
         return "deepspeed"
     if hardware.world_size > 1:
         assumed.append("engine=ddp (several GPUs, no ZeRO/FSDP given)")
@@ -59,7 +44,7 @@ def _unknown(given: dict) -> None:
         raise MemfitError(f"unknown knob {unknown[0]!r}; the knobs are listed by `memfit estimate --help`")
 
 
-def _engine_values(engine: str, given: dict, profile: dict, model: ModelSpec, assumed: list[str]) -> dict:
+def _engine_values(engine: str, given: dict, fw: Framework, model: ModelSpec, assumed: list[str]) -> dict:
     """The knobs of the engine in use; another engine's knobs the user gave do nothing, and we say so."""
     values: dict = {}
     for other, when in (("deepspeed", "deepspeed"), ("fsdp", "fsdp")):
@@ -69,7 +54,7 @@ def _engine_values(engine: str, given: dict, profile: dict, model: ModelSpec, as
                            f"engine is {engine}")
     if engine == "deepspeed":
         stage = given.get("zero_stage", 0)
-        values = {"zero_stage": stage, **zero_buckets(profile, model, stage)}
+        values = {"zero_stage": stage, **zero_buckets(fw, model, stage)}
         values |= {k: given[k] for k in acting_when("deepspeed") if k in given}
     elif engine == "fsdp":
         values = {"fsdp_strategy": given.get("fsdp_strategy", "full_shard")}
@@ -81,7 +66,7 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
     """`knobs_given` holds what the user said (None or absent = not said); the profile fills the rest."""
     given = {k: v for k, v in knobs_given.items() if v is not None}
     _unknown(given)
-    profile = get_profile(profile_name)
+    fw = framework(profile_name)
     assumed: list[str] = []
     values: dict = {}
     for name, k in knobs().items():
@@ -89,10 +74,10 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
             continue
         if name in given:
             values[name] = given[name]
-        elif k.profile and name in profile:
-            values[name] = profile[name]
+        elif k.profile and name in fw.defaults:
+            values[name] = fw.defaults[name]
             if k.assumed:
-                assumed.append(f"{name}={profile[name]} ({profile_name} default)")
+                assumed.append(f"{name}={fw.defaults[name]} ({profile_name} default)")
     method = values.get("method", "sft")
     several = [n for n in acting_when("several") if n in given]
     if method in SINGLE_MODEL_METHODS and several:
@@ -101,9 +86,9 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
         values["role_gpus"] = tuple(sorted(values["role_gpus"].items()))
     if isinstance(values.get("lora_targets"), list):
         values["lora_targets"] = tuple(values["lora_targets"])
-    engine = _engine(given, profile, hardware, assumed, profile_name)
+    engine = _engine(given, fw.defaults, hardware, assumed, profile_name)
     values["engine"] = engine
-    values |= _engine_values(engine, given, profile, model, assumed)
+    values |= _engine_values(engine, given, fw, model, assumed)
     upcast = ENGINES[engine].kbit_upcast_default()
     if upcast is not None and "kbit_upcast" not in given:
         values["kbit_upcast"] = upcast

@@ -41,11 +41,9 @@ This module never prints; memfit/interfaces/cli/plan.py presents the rows.
 from __future__ import annotations
 
 import time
-import tomllib
 from dataclasses import dataclass, fields, replace
 from functools import cache
 
-from memfit.facts.catalog import HERE
 from memfit.errors import MemfitError
 from memfit.memory.phases import verdict_of
 from memfit.roles.estimate import estimate
@@ -54,7 +52,8 @@ from memfit.facts.engines.deepspeed import STAGE_SHARDING
 from memfit.facts.engines.fsdp import STRATEGY_SHARDING
 from memfit.facts import methods
 from memfit.facts.knobs import acting_when, knob
-from memfit.facts.profiles import get_profile, zero_buckets
+from memfit.facts.frameworks import framework, frameworks
+from memfit.facts.profiles import zero_buckets
 from memfit.facts.scenario import Scenario
 from memfit.planner.speed import StepTime, param_counts
 from memfit.planner.step_time import step_time
@@ -81,10 +80,9 @@ _PAD_RANK = {"padding_free": 0, "packed": 0, "padded": 1}
 _SPEED_RANK_CKPT = {"off": 0, "every_n": 1, "full": 2, "offload": 3, "unsloth": 3}  # recompute + transfers
 
 
-@cache
 def framework_options() -> dict[str, dict]:
-    with open(HERE / "plan.toml", "rb") as f:
-        return tomllib.load(f)
+    """What `memfit plan` may change under each framework (data/frameworks/NAME.toml [plan])."""
+    return {name: fw.plan for name, fw in frameworks().items()}
 
 
 @dataclass(frozen=True)
@@ -256,7 +254,7 @@ class _Builder:
     def __init__(self, base: Scenario, per_gpu_batch: int):
         self.base = base
         self.per_gpu = per_gpu_batch
-        self.profile = get_profile(base.profile)
+        self.profile = framework(base.profile)
         self._engines: dict[_StateKnobs, dict] = {}
 
     def sub_group_size(self, tuning: str, ratio: float) -> int:
