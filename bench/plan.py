@@ -41,7 +41,10 @@ from published import Skip, scenario_for  # noqa: E402
 
 from memfit.facts.catalog import find_gpu, find_model  # noqa: E402
 from memfit.errors import MemfitError  # noqa: E402
-from memfit.planner.search import Options, PlanRow, closest_miss, estimate_any, judge, plan, speed_of  # noqa: E402
+from memfit.planner.plan import Options, PlanRow, closest_miss, plan  # noqa: E402
+from memfit.planner.search import judge  # noqa: E402
+from memfit.planner.step_time import step_time  # noqa: E402
+from memfit.roles.estimate import estimate  # noqa: E402
 from memfit.facts.profiles import build_scenario  # noqa: E402
 from memfit.facts.scenario import Hardware  # noqa: E402
 
@@ -166,7 +169,7 @@ def check(case: dict) -> dict:
     options = Options(resume=resumed(case))
     batch = global_batch_of(case)
     rows, seconds = timed_plan(base, global_batch=batch, options=options)
-    out |= {"seconds": seconds, "start": judge(estimate_any(base), options.resume).verdict, "plan_fits": bool(rows),
+    out |= {"seconds": seconds, "start": judge(estimate(base), options.resume).verdict, "plan_fits": bool(rows),
             "phases": "at a resume" if options.resume else "fresh start",
             "top": [{"verdict": r.verdict, "tokens_per_second": r.tokens_per_second, "changes": _changes(r)}
                     for r in rows[:TOP]]}
@@ -190,10 +193,10 @@ def check(case: dict) -> dict:
 def _fix(base, fix, rows, options) -> dict:
     words, made_by, apply = fix
     fixed = apply(base)
-    e = estimate_any(fixed)
+    e = estimate(fixed)
     j = judge(e, options.resume)
     phase = max((p for p in e.host.phases if options.resume or p != "resume"), key=lambda p: e.host.phases[p].total)
-    return {"fix": words, "memfit_verdict": j.verdict, "tokens_per_second": speed_of(fixed).tokens_per_second,
+    return {"fix": words, "memfit_verdict": j.verdict, "tokens_per_second": step_time(fixed).tokens_per_second,
             "in_rows": [i + 1 for i, r in enumerate(rows[:TOP]) if made_by(r.scenario)],
             "device_peak_gib": j.device_peak / 2**30, "host_peak_gib": j.host_peak / 2**30, "host_peak_phase": phase,
             "host_short_gib": -j.host_margin / 2**30 if j.host_margin is not None and j.host_margin < 0 else 0.0,
@@ -205,7 +208,7 @@ def _unsaved_gpu_adam(s) -> int:
     GPU: DeepSpeed steps those with its backup torch AdamW, whose state the checkpoint does not hold."""
     if s.engine != "deepspeed" or s.ratio >= 1.0 or s.offload_optimizer == "none":
         return 0
-    part = -(-estimate_any(s).trainable_params // s.world_size)
+    part = -(-estimate(s).trainable_params // s.world_size)
     groups = -(-part // s.sub_group_size)
     on_gpu = int((1 - s.ratio) * groups)  # stage3.py: sub-group i stays on the GPU iff i < int((1 - ratio) * S)
     return 8 * part * on_gpu // groups * s.hardware.gpus_per_node
@@ -228,8 +231,8 @@ def _why_not(base, fixes: list[dict], options) -> str:
                          f"(states.py) overcounts {_gib(unsaved)} GiB; without it {verdict}")
     for per_node, nodes in OTHER_LAYOUTS:
         other = base.with_changes(hardware=replace(hw, gpus_per_node=per_node, nodes=nodes))
-        start = judge(estimate_any(other), options.resume)
-        fixed = [judge(estimate_any(f["apply"](other)), options.resume).verdict for f in fixes]
+        start = judge(estimate(other), options.resume)
+        fixed = [judge(estimate(f["apply"](other)), options.resume).verdict for f in fixes]
         layout = f"{nodes} nodes x {per_node} GPUs"
         if start.verdict in ("fits", "tight"):
             parts.append(f"at {layout} the reported start already fits (host {_gib(start.host_peak)} GiB): "

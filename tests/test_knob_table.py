@@ -70,3 +70,27 @@ def test_build_scenario_refuses_a_name_outside_the_table():
 
     with pytest.raises(MemfitError, match="unknown knob 'seq'"):
         build_scenario(find_model("qwen2-7b"), Hardware(gpu=find_gpu("a100-80gb")), {"seq": 512})
+
+
+def test_the_planner_changes_only_axes_of_the_table():
+    from memfit.planner.knobs import ROLE_KNOBS, ActKnobs, StateKnobs, names
+
+    assert set(names(StateKnobs)) | set(names(ActKnobs)) <= set(axes())
+    assert set(ROLE_KNOBS) <= set(names(StateKnobs))
+
+
+def test_a_plan_row_says_its_configuration_in_knob_names(scenario):
+    from memfit.planner.knobs import config_of
+
+    for s in (scenario(model="qwen2-7b", gpus=4, zero_stage=3, offload_optimizer="cpu"),
+              scenario(model="qwen2-7b", gpus=4, fsdp_strategy="full_shard"),
+              scenario(model="qwen2-7b", gpus=8, gpu="a100-80gb", method="dpo", zero_stage=3)):
+        assert set(config_of(s)) - {"global_batch"} <= set(knobs())
+
+
+def test_every_change_a_plan_makes_is_an_axis_fit_can_write(scenario):
+    from memfit.planner.plan import plan
+
+    rows = plan(scenario(model="Qwen/Qwen2-7B-Instruct", gpus=4, profile="openrlhf", tuning="full", zero_stage=3,
+                         micro_batch=4, seq_len=128, checkpointing="full", attention="flash"), {"lora"}, None, top_k=5)
+    assert rows and all(c.knob in axes() for r in rows for c in r.changes)

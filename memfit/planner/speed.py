@@ -1,7 +1,7 @@
 """Step-time model, used only to RANK configurations that fit; it does not promise seconds.
 
 One optimizer step = `grad_accum` micro-steps + once-per-step work. Each part is a time from a count
-(FLOPs or bytes) over a rate from the catalog; every rate is an assumption in catalog/speed.toml.
+(FLOPs or bytes) over a rate from the catalog; every rate is an assumption in data/speed.toml.
 
 Per micro-step, on one GPU:
 - matmuls: forward 2 FLOPs per weight per token; backward 2 for the input gradient (through frozen

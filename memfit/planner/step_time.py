@@ -1,7 +1,7 @@
 """Step-time model of runs with several models (memfit/roles/estimate.py), used only to RANK plans.
 
 Built on speed.py's single-model step and its no-grad forward, gather and host-link terms; every rate is
-an assumption in catalog/speed.toml ([roles] and the sections speed.py reads).
+an assumption in data/speed.toml ([roles] and the sections speed.py reads).
 
 - DPO and its relatives (one process): the policy's train step on rows_per_example x micro-batch rows, plus
   per micro-step the reference's no-grad forward on the same rows (ZeRO-3: its parameters gathered again;

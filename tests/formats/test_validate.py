@@ -210,7 +210,7 @@ DS_UTILS = "openrlhf/utils/deepspeed/deepspeed_utils.py"
 def _planned_code_edits():
     """The code edits memfit plans for the 72B host OOM (report-qwen25-72b-offload-pinned): a fresh start."""
     from memfit.facts.catalog import find_gpu, find_model
-    from memfit.planner.search import Options, plan
+    from memfit.planner.plan import Options, plan
     from memfit.facts.profiles import build_scenario
     from memfit.facts.scenario import Hardware
 
@@ -223,8 +223,9 @@ def _planned_code_edits():
 
 
 def _catalog_code_edits():
-    """Every assignment catalog/plan.toml knows for OpenRLHF, with the values of the reported fixes."""
-    from memfit.planner.search import CodeEdit, framework_options
+    """Every assignment data/frameworks/openrlhf.toml [plan.code_edits] knows for OpenRLHF, with the values of the reported fixes."""
+    from memfit.planner.changes import CodeEdit
+    from memfit.planner.space import framework_options
 
     where = framework_options()["openrlhf"]["code_edits"]
     values = {"pin_memory": False, "ratio": 0.9, "sub_group_size": 100_000_000}

@@ -5,7 +5,9 @@ import time
 from dataclasses import replace
 
 from memfit.roles.estimate import estimate
-from memfit.planner.search import ZERO3, _Search, baseline, plan
+from memfit.planner.knobs import ZERO3
+from memfit.planner.plan import baseline, plan
+from memfit.planner.search import Search
 from memfit.planner.step_time import step_time
 
 GiB = 2**30
@@ -46,7 +48,7 @@ def test_reference_offload_is_offered_only_under_zero3_and_moves_weights_to_the_
         c = next(c for c in r.changes if c.knob == "ref_offload")
         assert c.device_saving_bytes > GiB and c.host_saving_bytes < 0
     z2 = scenario(**{**GLM_DPO, "zero_stage": 2})
-    assert not any(k.ref_offload for k in _Search(z2, set(), 128).states if k.sharding != ZERO3)
+    assert not any(k.ref_offload for k in Search(z2, set(), 128).states if k.sharding != ZERO3)
 
 
 def test_the_reference_forward_costs_time_and_its_offload_more(scenario):
@@ -88,10 +90,10 @@ def test_ppo_plan_proposes_the_usual_fixes_with_their_savings(scenario):
 def test_ppo_fixes_are_tried_only_where_they_act(scenario):
     # DeepSpeed sleep is a no-op with Adam offload (OpenRLHF offload_deepspeed_states); vLLM sleep needs
     # --colocate_all_models (train_ppo_ray.py turns it off otherwise); frozen-model offload needs ZeRO-3
-    states = _Search(scenario(**PPO), set(), None).states
+    states = Search(scenario(**PPO), set(), None).states
     assert not any(k.deepspeed_sleep and k.offload != "none" for k in states)
     assert not any((k.ref_offload or k.reward_offload) and k.sharding != ZERO3 for k in states)
-    apart = _Search(scenario(**{**PPO, "colocate": "actor-ref"}), set(), None).states
+    apart = Search(scenario(**{**PPO, "colocate": "actor-ref"}), set(), None).states
     assert not any(k.vllm_sleep for k in apart)
 
 

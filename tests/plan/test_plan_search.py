@@ -6,7 +6,7 @@ import pytest
 
 from memfit.errors import MemfitError
 from memfit.roles.estimate import estimate
-from memfit.planner.search import Options, baseline, choose_for_fit, closest_miss, plan
+from memfit.planner.plan import Options, baseline, choose_for_fit, closest_miss, plan
 from memfit.planner.step_time import step_time
 
 QWEN = dict(model="Qwen/Qwen2-7B-Instruct", gpu="rtx4090", gpus=4, profile="openrlhf", tuning="full", zero_stage=3,
@@ -165,7 +165,7 @@ def test_qwen25_72b_pinned_start_fits_only_through_a_code_edit(scenario):
 
 
 def test_a_resume_is_judged_unless_the_run_never_resumes(scenario):
-    """Each rank torch.loads its optimizer partition on resume (knobs.md A.8): with pin_memory false the
+    """Each rank torch.loads its optimizer partition on resume (docs/knobs.md A.8): with pin_memory false the
     72B run fits a fresh start but not a resume on 1.4 TB; only ratio < 1 (a code edit) fixes the resume."""
     base = scenario(pin_memory=False, **QWEN72)
     fresh = baseline(base, options=Options(resume=False))

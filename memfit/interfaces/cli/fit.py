@@ -28,7 +28,8 @@ def add_fit_command(sub) -> None:
 
 def run_fit(a: argparse.Namespace) -> int:
     from memfit.interfaces.formats import diff, knobs_from_scenario, read_config, write_config_files
-    from memfit.planner.search import Options, choose_for_fit, estimate_any, plan
+    from memfit.planner.plan import Options, choose_for_fit, plan
+    from memfit.roles.estimate import estimate
     from memfit.interfaces.render.common import gib
 
     args = argparse.Namespace(**{**blank_arguments(), "model": a.model, "from_file": a.file, "gpu": a.gpu,
@@ -38,7 +39,7 @@ def run_fit(a: argparse.Namespace) -> int:
     gpus = hardware.gpus_per_node
     imported = read_config(a.file, gpus=hardware.world_size)
     base = scenario_from_args(args)
-    before = estimate_any(base)
+    before = estimate(base)
     allow = {x.strip() for x in a.allow.split(",") if x.strip()}
     old = knobs_from_scenario(base)
     writable = {}

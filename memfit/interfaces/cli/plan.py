@@ -32,7 +32,7 @@ def add_plan_command(subparsers) -> None:
 
 
 def run_plan(a: argparse.Namespace) -> int:
-    from memfit.planner.search import Options, baseline, closest_miss, plan
+    from memfit.planner.plan import Options, baseline, closest_miss, plan
 
     base = scenario_from_args(a)
     allow = {x.strip() for x in a.allow.split(",") if x.strip()}
@@ -60,7 +60,7 @@ def plan_json(start, rows, miss, options=None) -> dict:
         "start": start.to_json(),
         "rows": [r.to_json() for r in rows],
         "closest_miss": miss.to_json() if miss else None,
-        "note": "tokens/s come from memfit's step-time model (catalog/speed.toml); they rank, they do not promise",
+        "note": "tokens/s come from memfit's step-time model (data/speed.toml); they rank, they do not promise",
     }
 
 
@@ -159,7 +159,7 @@ def print_plan(start, rows, miss, allow: set[str], options=None) -> None:
                       f"{why}{how}" + _edit_words(c))
     con.print("[dim]saves: the change applied alone to the start (or, where it cannot stand alone, removed from the "
               "plan); speed: the plan with vs without it. tokens/s come from memfit's step-time model "
-              "(catalog/speed.toml): they rank, they do not promise[/]")
+              "(data/speed.toml): they rank, they do not promise[/]")
 
 
 def _edit_words(change) -> str:

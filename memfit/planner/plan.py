@@ -1,0 +1,119 @@
+"""`memfit plan`: the fastest configurations that fit (device and host RAM), and what each change buys.
+
+Only values the framework of the user's profile exposes are tried (data/frameworks/NAME.toml [plan]).
+Knobs a framework has no flag for but that one documented edit of its code reaches ([plan.code_edits]:
+OpenRLHF's pin_memory and ratio live in get_train_ds_config) are tried too, unless Options(code_edits=False);
+each such change carries its CodeEdit. Host RAM is judged over every phase, a resume from a checkpoint
+included, unless Options(resume=False). Several-model methods (DPO and its relatives, RM, PPO, GRPO) also vary
+where the other models live (reference / reward offload under ZeRO-3, vLLM gpu_memory_utilization and sleep,
+DeepSpeed sleep); their loss and packing stay the user's.
+
+This module never prints; memfit/interfaces/cli/plan.py presents the rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memfit.errors import MemfitError
+from memfit.facts.scenario import Scenario
+from memfit.planner.changes import Change, measure
+from memfit.planner.knobs import StateKnobs, config_of
+from memfit.planner.search import Candidate, Search, check_allow, run_search
+from memfit.planner.space import Options, least_memory
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    scenario: Scenario
+    verdict: str
+    device_peak_bytes: int  # device total (what nvidia-smi shows) at the peak phase, per GPU
+    headroom_bytes: int  # usable GPU memory minus the device peak
+    host_peak_bytes: int  # per node
+    host_headroom_bytes: int | None  # None when host RAM is unknown
+    tokens_per_second: float
+    step_seconds: float
+    changes: tuple[Change, ...]
+
+    def to_json(self) -> dict:
+        return {
+            "verdict": self.verdict, "device_peak_bytes": self.device_peak_bytes,
+            "headroom_bytes": self.headroom_bytes, "host_peak_bytes": self.host_peak_bytes,
+            "host_headroom_bytes": self.host_headroom_bytes,
+            "tokens_per_second": round(self.tokens_per_second, 1), "step_seconds": round(self.step_seconds, 4),
+            "config": config_of(self.scenario),
+            "changes": [c.to_json() for c in self.changes],
+        }
+
+
+def row(c: Candidate, changes: tuple[Change, ...]) -> PlanRow:
+    e = c.judged
+    return PlanRow(scenario=c.scenario, verdict=e.verdict, device_peak_bytes=e.device_peak,
+                   headroom_bytes=e.margin, host_peak_bytes=e.host_peak, host_headroom_bytes=e.host_margin,
+                   tokens_per_second=c.speed.tokens_per_second, step_seconds=c.speed.seconds, changes=changes)
+
+
+def plan(base: Scenario, allow: set[str] | None = None, global_batch: int | None = None,
+         top_k: int = 5, options: Options = Options()) -> list[PlanRow]:
+    """The `top_k` fastest configurations that fit (device and host), derived from `base`.
+
+    `allow` may contain "lora", "qlora" (tuning changes) and "8bit" (8-bit optimizer states). The global
+    batch (micro-batch x gradient accumulation x GPUs) is kept: `global_batch`, or the base's own.
+    Several-model methods (DPO, PPO, ...) place every model the way their framework does (memfit/roles/).
+    """
+    search, rows = run_search(base, check_allow(allow), global_batch, top_k, options)
+    cache: dict = {}
+    return [row(c, measure(search, c, cache)) for c in rows]
+
+
+def baseline(base: Scenario, global_batch: int | None = None, options: Options = Options()) -> PlanRow:
+    """The user's own scenario as a row (with the global batch applied), whatever its verdict."""
+    search = Search(base, set(), global_batch, options)
+    c = search.make(search.bk, search.ak, runnable=False)  # shown even when it cannot run (0 tokens/s)
+    if c is None:
+        raise MemfitError("the starting scenario is not valid with this global batch")
+    search.estimate(c)
+    return row(c, ())
+
+
+def closest_miss(base: Scenario, allow: set[str] | None = None, global_batch: int | None = None,
+                 options: Options = Options()) -> PlanRow | None:
+    """When nothing fits: the least-memory setting of each approach, the one short by the smallest share
+    of its capacity (device or host), with its changes measured like a plan row's."""
+    search = Search(base, check_allow(allow), global_batch, options)
+    best, best_short = None, None
+    hw = base.hardware
+    for k in sorted(search.states, key=role_memory_order):  # least memory first: the time cap cuts the rest
+        if search.late():
+            break
+        for loss in search.losses:
+            for host in (False, True):
+                act = least_memory(search.acts, loss, host)
+                c = search.build(k, act) if act else None
+                if c is None:
+                    continue
+                e = search.estimate(c)
+                short = max(-e.margin / hw.gpu.memory_bytes,
+                            -e.host_margin / hw.host_ram if e.host_margin is not None else 0.0)
+                if best_short is None or short < best_short:
+                    best, best_short = c, short
+    return row(best, measure(search, best, {})) if best else None
+
+
+def role_memory_order(k: StateKnobs) -> tuple:
+    """Several-model knobs that need the least device memory first (offloaded, asleep, least vLLM memory)."""
+    return (not k.ref_offload, not k.reward_offload, k.vllm_gpu_memory_utilization, not k.vllm_sleep,
+            not k.deepspeed_sleep)
+
+
+def choose_for_fit(rows: list[PlanRow], tolerance: float = 0.03) -> PlanRow | None:
+    """The row `memfit fit` writes back: a row the user's file can say alone (no edit of the framework's
+    code) when there is one; among those within `tolerance` of the fastest, the fewest changes (a plan a
+    few % slower but with one change less is the smaller edit to the user's file)."""
+    flags_only = [r for r in rows if not any(c.code_edit for c in r.changes)]
+    rows = flags_only or rows
+    if not rows:
+        return None
+    fastest = rows[0].tokens_per_second
+    close = [r for r in rows if r.tokens_per_second >= fastest * (1.0 - tolerance)]
+    return min(close, key=lambda r: (sum(bool(c.code_edit) for c in r.changes), len(r.changes),
+                                     -r.tokens_per_second))
