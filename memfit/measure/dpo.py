@@ -1,4 +1,4 @@
-"""DPO / IPO on the real DeepSpeed engine, the way OpenRLHF's train_dpo builds it (issue 6).
+"""DPO / IPO on the real DeepSpeed engine, the way OpenRLHF's train_dpo builds it.
 
 Two engines per rank: the policy (`DeepSpeedRunner`: the scenario's ZeRO stage, optimizer, bf16) and the
 frozen reference, a DeepSpeed inference engine from `get_eval_ds_config` (openrlhf/utils/deepspeed/
@@ -15,7 +15,7 @@ import torch
 
 from memfit.errors import MemfitError
 from memfit.facts.engines.deepspeed import eval_config
-from memfit.measure.engines import DeepSpeedRunner, _clear_zero3_release_cache
+from memfit.measure.deepspeed_runner import DeepSpeedRunner, clear_zero3_release_cache
 from memfit.measure.model import build_model
 from memfit.facts.scenario import Scenario
 from memfit.trace.dpo import PreferenceBatch, concatenated_forward, dpo_loss, reference_kind, reference_scenario
@@ -97,5 +97,5 @@ class DpoRunner(DeepSpeedRunner):
 
             parameter_offload.FWD_MODULE_STACK[:] = [m for m in parameter_offload.FWD_MODULE_STACK
                                                      if m is not engine.module]
-            _clear_zero3_release_cache()
+            clear_zero3_release_cache()
         super().close()

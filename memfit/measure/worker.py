@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 
 from memfit.breakdown import PHASES, Breakdown, PhaseProfile
-from memfit.measure.engines import install_patches, runner_for
+from memfit.measure.patches import install_patches
+from memfit.measure.runners import runner_for
 from memfit.measure.model import count_params
 from memfit.measure.result import RankMeasurement
 from memfit.measure.tracker import MemoryTracker

@@ -13,7 +13,7 @@ from memfit.memory import overheads
 from memfit.memory.activations import activations
 from memfit.memory.inventory import ParamTensor
 from memfit.memory.states import HostBuffer, frozen_copy
-from memfit.roles.trained import logit_terms, role_tensors
+from memfit.roles.trained import TrainedRole, logit_terms, role_tensors
 
 
 def frozen_scenario(s: Scenario, model: ModelSpec, rows: int) -> Scenario:
@@ -22,6 +22,12 @@ def frozen_scenario(s: Scenario, model: ModelSpec, rows: int) -> Scenario:
     precision = s.precision.replace("mixed", "pure")
     return s.with_changes(model=model, tuning="full", precision=precision, checkpointing="full",
                           micro_batch=rows, autocast=False, kbit_upcast=False, optimizer_in_backward=False)
+
+
+def nograd_forward(tr: TrainedRole, rows: int) -> Breakdown:
+    """A trained model's no-grad forward of `rows` rows (rollout log-probs / values), on top of its idle states."""
+    fs = frozen_scenario(tr.scenario, tr.scenario.model, rows)
+    return frozen_forward(fs, tr.logits_kind, tr.value_head)
 
 
 def frozen_forward(fs: Scenario, logits_kind: str, value_head: bool, gathered: int = 0) -> Breakdown:

@@ -17,7 +17,7 @@ from memfit.facts.methods import framework_facts, generator_facts, method_facts,
 from memfit.facts.scenario import Hardware, Scenario
 from memfit.memory import overheads
 from memfit.memory.phases import reserved_profile
-from memfit.roles.frozen import FrozenRole, frozen_host, frozen_role
+from memfit.roles.frozen import FrozenRole, frozen_host, frozen_role, nograd_forward
 from memfit.roles.generator import Generator
 from memfit.roles.groups import Holding, Moment, Process, add_parts, frozen_cache, gpu_group, trained_holding
 from memfit.roles.result import Placement, RoleEstimate
@@ -198,7 +198,7 @@ def _experience(run: RayRun) -> dict[Moment, list[Holding]]:
         if proc not in run.groups:
             continue
         if isinstance(model, TrainedRole):
-            fwd = model.nograd_forward(run.rollout)
+            fwd = nograd_forward(model, run.rollout)
             b = add_parts(model.idle(run.ds_sleep), fwd, Breakdown({"weights": model.states.gathered_forward}))
         else:
             fwd, b = model.forward, model.active()

@@ -90,13 +90,6 @@ class TrainedRole:
         steady = self.allocated.phases["checkpoint_save"]
         return steady.get("optimizer_states") + steady.get("gradients") + steady.get("engine_buffers")
 
-    def nograd_forward(self, rows: int) -> Breakdown:
-        """Peak of a no-grad forward of `rows` rows (rollout log-probs / values) on top of the idle states."""
-        from memfit.roles.frozen import frozen_forward, frozen_scenario  # a frozen forward of this model
-
-        fs = frozen_scenario(self.scenario, self.scenario.model, rows)
-        return frozen_forward(fs, self.logits_kind, self.value_head)
-
 
 def trained_role(s: Scenario, rows: int, logits_kind: str | None, value_head: bool = False) -> TrainedRole:
     """Train-step phases of a role: the memory model's states and activations for `rows` rows of `s.seq_len`

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 _EXPORTS = {
     "run_trace": "memfit.trace.run",
-    "render": "memfit.trace.run",
-    "write_timeline": "memfit.trace.run",
+    "render": "memfit.trace.output",
+    "write_timeline": "memfit.trace.output",
     "layer_profile": "memfit.trace.run",
     "TraceResult": "memfit.trace.run",
     "build_model": "memfit.trace.build",

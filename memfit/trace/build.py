@@ -97,13 +97,13 @@ def _qwen2_moe(spec):
                                      decoder_sparse_step=1, mlp_only_layers=[], qkv_bias=spec.qkv_bias)
 
 
-def _qwen3_moe(spec):  # issue 6
+def _qwen3_moe(spec):
     return _with_bias(spec) | dict(num_experts=spec.num_experts, num_experts_per_tok=spec.experts_per_token,
                                    moe_intermediate_size=spec.moe_intermediate_size, decoder_sparse_step=1,
                                    mlp_only_layers=[], norm_topk_prob=True)
 
 
-def _deepseek_mla(spec):  # issue 6: DeepSeek-V2/V3 built as transformers' deepseek_v3 (same parameter layout)
+def _deepseek_mla(spec):  # DeepSeek-V2/V3 built as transformers' deepseek_v3 (same parameter layout)
     x = spec.extra
     return dict(hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
                 num_key_value_heads=spec.num_kv_heads, intermediate_size=spec.intermediate_size,
@@ -155,8 +155,8 @@ CONFIG_BUILDERS = {
     "qwen2": _no_head_dim,
     "qwen3": _with_bias,
     "qwen2_moe": _qwen2_moe,
-    "qwen3_moe": _qwen3_moe,  # issue 6
-    "deepseek_v3": _deepseek_mla,  # issue 6
+    "qwen3_moe": _qwen3_moe,
+    "deepseek_v3": _deepseek_mla,
     "gemma2": _gemma,
     "gemma3_text": _gemma,
     "glm": _with_bias,
@@ -218,7 +218,7 @@ def uses_autocast(scenario: Scenario) -> bool:
 
 def fp32_trainable(scenario: Scenario) -> bool:
     """Mixed precision on plain torch (single GPU, DDP) keeps trainable params in fp32. DeepSpeed bf16/fp16
-    casts the module to 16 bit and keeps fp32 masters inside its optimizer (knobs.md A.1); FSDP
+    casts the module to 16 bit and keeps fp32 masters inside its optimizer (docs/knobs.md A.1); FSDP
     MixedPrecision runs the module in the compute dtype."""
     return scenario.precision.endswith("-mixed") and scenario.engine in ("single", "ddp")
 
@@ -317,7 +317,7 @@ def upcast_non_quantized(model) -> None:
 
 # ---------------------------------------------------------------------------------------------- checkpointing
 def enable_checkpointing(hf_model, scenario: Scenario, host_transfer=None) -> None:
-    """HF activation checkpointing as the frameworks switch it on (knobs.md C.2).
+    """HF activation checkpointing as the frameworks switch it on (docs/knobs.md C.2).
 
     `host_transfer` (offload / unsloth): how tensors go to the host and back (`offload.HostTransfer`);
     the tracer passes one that labels the host copies so they are not counted as device memory.

@@ -1,4 +1,4 @@
-"""DPO / IPO on fake tensors: the training step of OpenRLHF's DPOTrainer (issue 6).
+"""DPO / IPO on fake tensors: the training step of OpenRLHF's DPOTrainer.
 
 What one step does (openrlhf/trainer/dpo_trainer.py `fit`, models/actor.py `forward`, models/utils.py
 `log_probs_from_logits`, models/loss.py `DPOLoss`), and so what this module runs:

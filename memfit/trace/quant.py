@@ -3,7 +3,7 @@
 bitsandbytes kernels do not run on fake CPU tensors, so each base Linear (all but the output
 embedding, like transformers' `get_keys_to_not_convert`) becomes a module holding what
 `bnb.nn.Linear4bit` holds on the GPU for NF4 with double quantization (LLaMA-Factory / OpenRLHF
-default; knobs.md D): the packed weight (uint8, 2 values per byte, `Params4bit` shape (n/2, 1)),
+default; docs/knobs.md D): the packed weight (uint8, 2 values per byte, `Params4bit` shape (n/2, 1)),
 uint8 absmax per 64-value block, fp32 absmax-of-absmax per 256 blocks and an fp32 offset. Its
 forward is bitsandbytes' `MatMul4Bit` as memory sees it: dequantize the whole weight to the compute
 dtype (a per-layer transient, plus the fp32 absmax it dequantizes first), matmul, save nothing but

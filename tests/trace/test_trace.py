@@ -16,7 +16,8 @@ from memfit.errors import MemfitError
 from memfit.facts.scenario import Hardware, Scenario
 from memfit.trace.accountant import Accountant, block_bytes
 from memfit.trace.build import build_model, hf_config
-from memfit.trace.run import layer_profile, render, run_trace, write_timeline
+from memfit.trace.output import render, write_timeline
+from memfit.trace.run import layer_profile, run_trace
 
 GPU = GpuSpec(id="a100", name="A100", memory_bytes=80 * 2**30, compute_capability=8.0)
 LINEARS = {"q_proj": ["q"], "k_proj": ["k"], "v_proj": ["v"], "o_proj": ["o"],
