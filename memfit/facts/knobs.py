@@ -12,6 +12,7 @@ from functools import cache
 from pathlib import Path
 
 from memfit.errors import MemfitError
+from memfit.facts.methods import several_models
 
 TABLE = Path(__file__).parent / "data" / "knobs.toml"
 PYTHON_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "list": tuple, "pairs": tuple, "size": int}
@@ -113,6 +114,17 @@ def axes() -> dict[str, tuple[str, ...]]:
 
 def knob(name: str) -> Knob:
     return knobs()[name]
+
+
+def acts(s, name: str) -> bool:
+    """Whether a knob acts on this run (its `when`): another engine's settings, adapter settings without
+    adapters, several-model settings of a single-model run do nothing."""
+    when = knobs()[name].when
+    if when is None:
+        return True
+    return {"deepspeed": s.engine == "deepspeed", "fsdp": s.engine == "fsdp", "adapters": s.uses_adapters,
+            "qlora": s.tuning == "qlora", "freeze": s.tuning == "freeze", "every_n": s.checkpointing == "every_n",
+            "several": several_models(s.method)}[when]
 
 
 def acting_when(when: str) -> tuple[str, ...]:

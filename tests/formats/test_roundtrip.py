@@ -114,12 +114,12 @@ def test_openrlhf_writes_in_the_files_flag_style(examples):
 
 
 def test_openrlhf_detects_each_flag_style():
-    from memfit.interfaces.formats import openrlhf
+    from memfit.interfaces.formats import openrlhf_command
 
-    assert openrlhf.detect_version("train_sft", ["--flash_attn", "--bf16"])[0] == "0.8.9"
-    assert openrlhf.detect_version("train_sft", ["--bf16", "--attn_implementation"])[0] == "0.9.1"
-    assert openrlhf.detect_version("train_sft", ["--param_dtype"])[0] == "0.10.1"
-    assert openrlhf.detect_version("train_sft", ["--ds.zero_stage"])[0] == "0.11.2"
+    assert openrlhf_command.detect_version("train_sft", ["--flash_attn", "--bf16"])[0] == "0.8.9"
+    assert openrlhf_command.detect_version("train_sft", ["--bf16", "--attn_implementation"])[0] == "0.9.1"
+    assert openrlhf_command.detect_version("train_sft", ["--param_dtype"])[0] == "0.10.1"
+    assert openrlhf_command.detect_version("train_sft", ["--ds.zero_stage"])[0] == "0.11.2"
 
 
 def test_openrlhf_global_batch_sets_accumulation(examples):

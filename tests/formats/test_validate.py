@@ -12,7 +12,9 @@ import pytest
 
 from memfit.interfaces.formats import read_config, write_config_files
 from memfit.interfaces.formats import openrlhf as orl
+from memfit.interfaces.formats import openrlhf_command as orl_command
 from memfit.interfaces.formats import validate
+from memfit.interfaces.formats import validate_openrlhf
 from memfit.interfaces.formats.tables import table
 
 from format_cases import CASES, EXAMPLES
@@ -71,14 +73,14 @@ def test_accelerate_table_is_accelerates():
 @pytest.fixture(scope="module")
 def openrlhf_wheels():
     try:
-        for version in validate.OPENRLHF_VERSIONS:
-            validate.openrlhf_source(version, "train_sft")
+        for version in validate_openrlhf.OPENRLHF_VERSIONS:
+            validate_openrlhf.openrlhf_source(version, "train_sft")
     except Exception as e:  # no network to the package index
         pytest.skip(f"cannot fetch the OpenRLHF wheels: {e}")
 
 
 def test_openrlhf_tables_are_the_releases_parsers(openrlhf_wheels):
-    _same_table(table("openrlhf"), validate.openrlhf_table())
+    _same_table(table("openrlhf"), validate_openrlhf.openrlhf_table())
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +151,8 @@ def test_accelerate_accepts_what_we_write(examples, name):
 def test_openrlhf_argparse_accepts_what_we_write(examples, name, openrlhf_wheels):
     for imported in _written(examples, name):
         version, script = imported.variant, imported.doc.script
-        args = vars(validate.validate_openrlhf(orl.arguments(imported), version, script))
-        dest = lambda knob: orl.flags_of(version, script)[orl.flag_name(version, script, knob)]["dest"]  # noqa: E731
+        args = vars(validate_openrlhf.validate_openrlhf(orl.arguments(imported), version, script))
+        dest = lambda knob: orl_command.flags_of(version, script)[orl_command.flag_name(version, script, knob)]["dest"]  # noqa: E731
         assert args[dest("zero_stage")] == imported.knobs["zero_stage"]
         assert args[dest("micro_batch")] == imported.knobs["micro_batch"]
         assert args[dest("seq_len")] == imported.knobs["seq_len"]
@@ -162,7 +164,7 @@ def test_openrlhf_argparse_accepts_what_we_write(examples, name, openrlhf_wheels
 
 def test_openrlhf_argparse_rejects_a_wrong_flag(openrlhf_wheels):
     with pytest.raises(validate.ValidationFailed, match="unrecognized"):
-        validate.validate_openrlhf(["--zero_stage", "3", "--adam_ofload"], "0.10.1")
+        validate_openrlhf.validate_openrlhf(["--zero_stage", "3", "--adam_ofload"], "0.10.1")
 
 
 def test_deepspeed_rejects_partial_offload_outside_zero3():
@@ -232,16 +234,16 @@ def _catalog_code_edits():
     return [CodeEdit(where["file"], where["function"], tuple((where[k], v) for k, v in values.items()))]
 
 
-@pytest.mark.parametrize("version", validate.OPENRLHF_VERSIONS)
+@pytest.mark.parametrize("version", validate_openrlhf.OPENRLHF_VERSIONS)
 def test_deepspeed_accepts_the_code_edits_applied_to_openrlhfs_get_train_ds_config(version, openrlhf_wheels):
     pytest.importorskip("deepspeed")
     edits = _planned_code_edits()
     assert edits
     edits += _catalog_code_edits()
-    source = validate.openrlhf_file(version, DS_UTILS)
+    source = validate_openrlhf.openrlhf_file(version, DS_UTILS)
 
     def deepspeed_sees(text: str):
-        config = validate.openrlhf_train_ds_config(text, offload=False, adam_offload=True, stage=3)
+        config = validate_openrlhf.openrlhf_train_ds_config(text, offload=False, adam_offload=True, stage=3)
         # OpenRLHF's strategy adds the batch sizes before deepspeed.initialize (micro 1 x 8 steps x 8 GPUs)
         config |= {"train_micro_batch_size_per_gpu": 1, "train_batch_size": 64}
         return validate.validate_deepspeed(json.dumps(config), world_size=8).zero_config

@@ -49,14 +49,14 @@ A100_NODE = ["--gpu", "a100-80gb", "--gpus", "8"]
 def _openrlhf_parses(path, gpus=8):
     """OpenRLHF's own argparse (rebuilt from the released wheel) on what memfit wrote; None if no wheels."""
     from memfit.interfaces.formats import openrlhf as orl
-    from memfit.interfaces.formats import validate
+    from memfit.interfaces.formats import validate_openrlhf
 
     imported = read_config(path, gpus=gpus)
     try:
-        validate.openrlhf_source(imported.variant, imported.doc.script)
+        validate_openrlhf.openrlhf_source(imported.variant, imported.doc.script)
     except Exception:  # no network to the package index and no cached wheel
         return None
-    return vars(validate.validate_openrlhf(orl.arguments(imported), imported.variant, imported.doc.script))
+    return vars(validate_openrlhf.validate_openrlhf(orl.arguments(imported), imported.variant, imported.doc.script))
 
 
 def test_fit_writes_the_openrlhf_command_and_the_code_edit_beside_it(tmp_path, capsys):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from memfit.errors import MemfitError
 from memfit.facts.engines.deepspeed import overlap
+from memfit.facts.knobs import acts, knobs, said_by
 from memfit.interfaces.formats import accelerate, deepspeed, hf, llamafactory, openrlhf, yamltext
 from memfit.interfaces.formats.base import ImportedConfig, WrittenFile, read_text
 
@@ -25,7 +26,7 @@ MODULES = {"deepspeed": deepspeed, "llamafactory": llamafactory, "openrlhf": ope
            "hf": hf}
 FORMATS = tuple(MODULES)
 
-__all__ = ["FORMATS", "ImportedConfig", "WrittenFile", "detect_format", "diff", "export_scenario",
+__all__ = ["FORMATS", "ImportedConfig", "WrittenFile", "detect_format", "diff", "export_scenario", "exportable",
            "knobs_from_scenario", "read_config", "write_config", "write_config_files"]
 
 
@@ -114,80 +115,48 @@ def diff(files: list[WrittenFile]) -> str:
 
 # --- from a Scenario -----------------------------------------------------------------------------------
 
+# Formats that may name a DeepSpeed file for the engine's settings: the knobs a DeepSpeed JSON says go there.
+COMPANIONS = {"llamafactory": "deepspeed", "hf": "deepspeed", "accelerate": "deepspeed"}
+
+
+def exportable(format: str) -> frozenset[str]:
+    """The knobs a format can say (the knob table's `says` column), with those of a DeepSpeed file it names."""
+    said = said_by(format)
+    return said | said_by(COMPANIONS[format]) if format in COMPANIONS else said
+
+
 def knobs_from_scenario(scenario) -> dict:
-    """The knobs that rebuild `scenario` with profiles.build_scenario (the inverse of it)."""
+    """The knobs that rebuild `scenario` with profiles.build_scenario (the inverse of it): every knob that acts
+    on this run (the knob table's `when`) and has a value; overlap_comm as DeepSpeed resolves it."""
     s = scenario
-    k = {"method": s.method, "tuning": s.tuning, "precision": s.precision, "adapter_dtype": s.adapter_dtype,
-         "optimizer": s.optimizer, "engine": s.engine, "checkpointing": s.checkpointing, "reentrant": s.reentrant,
-         "attention": s.attention, "padding": s.padding, "loss": s.loss, "micro_batch": s.micro_batch,
-         "seq_len": s.seq_len, "grad_accum": s.grad_accum}
-    if s.checkpointing == "every_n":
-        k["checkpoint_every_n"] = s.checkpoint_every_n
-    if s.uses_adapters:
-        k |= {"lora_rank": s.lora_rank, "lora_alpha": s.lora_alpha, "lora_targets": tuple(s.lora_targets),
-              "dora": s.dora, "lora_dropout": s.lora_dropout}
-    if s.tuning == "qlora":
-        k["double_quant"] = s.double_quant
-    if s.tuning == "freeze":
-        k["freeze_trainable_layers"] = s.freeze_trainable_layers
+    out = {name: getattr(s, name) for name in knobs() if acts(s, name) and getattr(s, name) is not None}
     if s.engine == "deepspeed":
-        k |= {name: getattr(s, name) for name in ("zero_stage", "offload_optimizer", "offload_param", "pin_memory",
-                                                  "reduce_bucket_size", "contiguous_gradients", "prefetch_bucket_size",
-                                                  "param_persistence_threshold", "max_live_parameters",
-                                                  "sub_group_size")}
-        k["overlap_comm"] = overlap(s)
-        if s.ratio != 1.0:
-            k["ratio"] = s.ratio
-        if s.grad_accum_dtype is not None:
-            k["grad_accum_dtype"] = s.grad_accum_dtype
-    if s.engine == "fsdp":
-        k |= {"fsdp_strategy": s.fsdp_strategy, "fsdp_cpu_offload": s.fsdp_cpu_offload}
-    if s.method not in ("sft", "pt"):  # several models: the knobs the planner varies
-        k |= {name: getattr(s, name) for name in ("ref_offload", "reward_offload", "vllm_gpu_memory_utilization",
-                                                  "vllm_sleep", "deepspeed_sleep")}
-    return k
-
-
-# Knobs each format states; the rest of a scenario is the framework's business (its defaults).
-_EXPORTABLE = {
-    "deepspeed": set(deepspeed.KNOBS),
-    "llamafactory": {"method", "tuning", "lora_rank", "lora_alpha", "lora_targets", "dora", "lora_dropout",
-                     "freeze_trainable_layers", "checkpointing", "reentrant", "attention", "precision", "micro_batch",
-                     "grad_accum", "seq_len", "loss", "padding", "optimizer", "double_quant", *deepspeed.KNOBS},
-    "openrlhf": {"tuning", "lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "zero_stage",
-                 "offload_optimizer", "checkpointing", "reentrant", "attention", "precision", "micro_batch", "seq_len",
-                 "padding", "loss", "grad_accum_dtype", "grad_accum"},
-    "accelerate": {"engine", "zero_stage", "offload_optimizer", "offload_param", "fsdp_strategy", "fsdp_cpu_offload",
-                   "precision"},
-    "hf": {"micro_batch", "grad_accum", "checkpointing", "reentrant", "optimizer", "seq_len", "padding", "attention",
-           "tuning", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "dora", "precision", "engine",
-           "fsdp_strategy", "fsdp_cpu_offload", *deepspeed.KNOBS},
-}
+        out["overlap_comm"] = overlap(s)
+    return out
 
 
 def export_scenario(scenario, format: str, *, model_name: str | None = None, **options) -> list[WrittenFile]:
     """Fresh file(s) in `format` that say `scenario`'s knobs (only what that format states; what it
     leaves to the framework's defaults is not written). LLaMA-Factory with DeepSpeed gives two files."""
-    knobs = {k: v for k, v in knobs_from_scenario(scenario).items() if k in _EXPORTABLE[format] and v is not None}
+    said = exportable(format) if format in MODULES else frozenset()
+    knobs_ = {k: v for k, v in knobs_from_scenario(scenario).items() if k in said}
     model = model_name or scenario.model.id
     world = scenario.hardware.world_size
     if format == "deepspeed":
-        return [WrittenFile(None, None, deepspeed.export(knobs, hf_auto=options.get("hf_auto", True)))]
+        return [WrittenFile(None, None, deepspeed.export_config(scenario, hf_auto=options.get("hf_auto", True)))]
     if format == "llamafactory":
         files = []
         ds_name = None
         if scenario.engine == "deepspeed":
             ds_name = f"ds_z{scenario.zero_stage}_config.json"
-            files.append(WrittenFile(Path(ds_name), None, deepspeed.export(knobs)))
-        main = llamafactory.export(knobs, model, deepspeed_path=ds_name)
+            files.append(WrittenFile(Path(ds_name), None, deepspeed.export_config(scenario)))
+        main = llamafactory.export(knobs_, model, deepspeed_path=ds_name)
         return [WrittenFile(None, None, main)] + files
     if format == "openrlhf":
-        return [WrittenFile(None, None, openrlhf.export(knobs, model, gpus=world, **options))]
+        return [WrittenFile(None, None, openrlhf.export(knobs_, model, gpus=world, **options))]
     if format == "accelerate":
-        return [WrittenFile(None, None, accelerate.export(knobs, gpus=scenario.hardware.gpus_per_node,
+        return [WrittenFile(None, None, accelerate.export(knobs_, gpus=scenario.hardware.gpus_per_node,
                                                           nodes=scenario.hardware.nodes))]
     if format == "hf":
-        if scenario.engine == "deepspeed":
-            knobs["engine"] = "deepspeed"
-        return [WrittenFile(None, None, hf.export(knobs, model, **options))]
+        return [WrittenFile(None, None, hf.export(knobs_, model, **options))]
     raise MemfitError(f"unknown config format {format!r}; choose one of: {', '.join(FORMATS)}")

@@ -4,7 +4,7 @@ It carries the engine and the GPU count, not the batch or sequence (those are th
 script's). Top-level keys are accelerate's `ClusterConfig` fields (an unknown one is an error, as in
 `ClusterConfig.from_yaml_file`); `deepspeed_config` / `fsdp_config` keys are copied onto `accelerate
 launch` arguments, so a key that is none of them is silently ignored by accelerate and an error here.
-With `deepspeed_config_file`, the ZeRO settings come from that JSON (knobs.md F.5).
+With `deepspeed_config_file`, the ZeRO settings come from that JSON (docs/knobs.md F.5).
 """
 from __future__ import annotations
 
@@ -137,6 +137,10 @@ def read(path_or_text, *, gpus: int | None = None, files: dict | None = None, pa
         offload = _fsdp_get(fsdp, "offload_params")
         knobs["fsdp_cpu_offload"] = as_bool(where, "fsdp_config.fsdp_offload_params", offload) if offload is not None \
             else False
+        loading = _fsdp_get(fsdp, "cpu_ram_efficient_loading")
+        if loading is not None:  # rank 0 reads the checkpoint, the others build on meta (host RAM at load)
+            knobs["fsdp_cpu_ram_efficient_loading"] = as_bool(where, "fsdp_config.fsdp_cpu_ram_efficient_loading",
+                                                              loading)
         ckpt = _fsdp_get(fsdp, "activation_checkpointing")
         if ckpt is not None:  # absent: the training arguments decide
             on = as_bool(where, "fsdp_config.fsdp_activation_checkpointing", ckpt)
@@ -204,7 +208,8 @@ def apply(doc: dict, changes: dict, imported: ImportedConfig) -> dict:
             if not with_file and value is not None:
                 raise cannot(imported, knob, value, "accelerate's deepspeed_config has no such key; point "
                              "deepspeed_config_file at a DeepSpeed JSON")
-        elif knob in ("fsdp_strategy", "fsdp_cpu_offload") or (knob == "checkpointing" and engine == "fsdp"):
+        elif knob in ("fsdp_strategy", "fsdp_cpu_offload", "fsdp_cpu_ram_efficient_loading") or (
+                knob == "checkpointing" and engine == "fsdp"):
             if engine != "fsdp":
                 if value in (None, False):
                     continue
@@ -214,6 +219,8 @@ def apply(doc: dict, changes: dict, imported: ImportedConfig) -> dict:
                 _strategy(fsdp, value, imported)
             elif knob == "fsdp_cpu_offload":
                 fsdp[_fsdp_key(fsdp, "offload_params")] = bool(value)
+            elif knob == "fsdp_cpu_ram_efficient_loading":
+                fsdp[_fsdp_key(fsdp, "cpu_ram_efficient_loading")] = value is not False
             else:
                 if value not in ("full", "off", None):
                     raise cannot(imported, knob, value, "FSDP activation checkpointing is full or off")
@@ -271,7 +278,8 @@ def export(knobs: dict, *, gpus: int = 1, nodes: int = 1) -> str:
                                    "zero3_init_flag": knobs.get("zero3_init", knobs.get("zero_stage") == 3)}
     if engine == "fsdp":
         fsdp = {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-                "fsdp_cpu_ram_efficient_loading": True, "fsdp_offload_params": bool(knobs.get("fsdp_cpu_offload")),
+                "fsdp_cpu_ram_efficient_loading": knobs.get("fsdp_cpu_ram_efficient_loading", True),
+                "fsdp_offload_params": bool(knobs.get("fsdp_cpu_offload")),
                 "fsdp_reshard_after_forward": knobs.get("fsdp_strategy", "full_shard") != "shard_grad_op",
                 "fsdp_state_dict_type": "FULL_STATE_DICT"}
         if knobs.get("checkpointing") == "full":

@@ -19,7 +19,7 @@ from memfit.errors import MemfitError
 @dataclass
 class ImportedConfig:
     format: str  # deepspeed, llamafactory, openrlhf, accelerate, hf
-    profile: str  # framework profile for build_scenario (catalog/frameworks.toml)
+    profile: str  # framework profile for build_scenario (memfit/facts/data/frameworks/)
     knobs: dict  # for profiles.build_scenario
     text: str  # the file as read; exporters edit this text
     doc: Any  # the parsed document (dict; for openrlhf the parsed command)

@@ -1,7 +1,7 @@
 """DeepSpeed config JSON (`ds_config.json`): ZeRO stage, offload, buckets, batch sizes, precision.
 
 "auto" values are left out of the knobs, so `build_scenario` fills them by the profile's rule
-(knobs.md A.3): HF Trainer / accelerate fill the buckets from the hidden size; plain DeepSpeed and
+(docs/knobs.md A.3): HF Trainer / accelerate fill the buckets from the hidden size; plain DeepSpeed and
 OpenRLHF drop "auto" to DeepSpeed's own defaults. A file read alone is taken as HF-driven (the only
 reader that accepts "auto" batch sizes); pass `profile=` to say otherwise.
 """
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import difflib
 
+from memfit.facts.engines import deepspeed as deepspeed_facts
+from memfit.facts.knobs import knobs, said_by
 from memfit.interfaces.formats import jsontext
 from memfit.interfaces.formats.base import (ImportedConfig, as_bool, as_choice, as_float, as_int, bad, cannot, changed_knobs,
                                  doc_copy, is_auto, read_text, unknown_key, verify_written)
@@ -31,9 +33,10 @@ ZERO_KEYS = {
 BOOL_KNOBS = ("overlap_comm", "contiguous_gradients")
 GRAD_ACCUM_DTYPES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "float32": "fp32", "bfloat16": "bf16",
                      "float16": "fp16"}
-# Engine knobs this file carries; the formats that point at a DeepSpeed file route these here.
-KNOBS = ("zero_stage", "offload_optimizer", "offload_param", "ratio", "pin_memory", "grad_accum_dtype",
-         *ZERO_KEYS)
+# Engine knobs this file carries (the knob table's `says`), which the formats that point at a DeepSpeed file
+# route here; the training arguments say the batch and the precision themselves.
+TRAINER_KNOBS = ("precision", "micro_batch", "grad_accum")
+KNOBS = tuple(k for k in knobs() if k in said_by(FORMAT) and k not in TRAINER_KNOBS)
 WELL_KNOWN_TOP = ("zero_optimization", "train_batch_size", "train_micro_batch_size_per_gpu",
                   "gradient_accumulation_steps", "gradient_clipping", "bf16", "fp16", "optimizer", "scheduler",
                   "data_types", "zero_allow_untested_optimizer", "activation_checkpointing", "steps_per_print")
@@ -332,6 +335,20 @@ def fresh_doc(knobs: dict, *, hf_auto: bool = True) -> dict:
 
 
 def export(knobs: dict, *, hf_auto: bool = True) -> str:
+    """A new file stating only these knobs (what a rewrite adds when the run had no DeepSpeed file)."""
     import json
 
     return json.dumps(fresh_doc(knobs, hf_auto=hf_auto), indent=2) + "\n"
+
+
+def export_config(scenario, *, hf_auto: bool = True) -> str:
+    """The DeepSpeed JSON of a scenario (memfit/facts/engines/deepspeed.py, the writer the real-engine
+    measurement uses); `hf_auto`: batch sizes, clipping and precision "auto", for HF Trainer / accelerate /
+    LLaMA-Factory to fill (the LLaMA-Factory example files' shape)."""
+    import json
+
+    doc = deepspeed_facts.config(scenario)
+    if hf_auto:
+        doc = {**{key: "auto" for key in BATCH_KEYS}, "gradient_clipping": "auto", "zero_allow_untested_optimizer": True,
+               "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}, "zero_optimization": doc["zero_optimization"]}
+    return json.dumps(doc, indent=2) + "\n"

@@ -1,4 +1,4 @@
-"""HF `TrainingArguments` and TRL `SFTConfig` / `DPOConfig` files, JSON or YAML (knobs.md F.4, F.6).
+"""HF `TrainingArguments` and TRL `SFTConfig` / `DPOConfig` files, JSON or YAML (docs/knobs.md F.4, F.6).
 
 Three shapes: plain TrainingArguments (`--config` of a Trainer script, `HfArgumentParser.parse_json_file`),
 and TRL recipes for `trl sft|dpo --config x.yaml`, which mix ScriptArguments, the trainer config and

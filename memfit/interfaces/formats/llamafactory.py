@@ -1,6 +1,6 @@
 """LLaMA-Factory training YAML (`llamafactory-cli train x.yaml`), with the DeepSpeed JSON it points at.
 
-Keys and defaults follow LLaMA-Factory's hparams dataclasses (knobs.md F.2): LoRA unless
+Keys and defaults follow LLaMA-Factory's hparams dataclasses (docs/knobs.md F.2): LoRA unless
 `finetuning_type` says otherwise, gradient checkpointing on unless `disable_gradient_checkpointing`,
 `flash_attn: auto` = transformers' choice, packing only for `stage: pt`. A key none of its
 dataclasses has is an error, as it is for LLaMA-Factory (the key table is derived from its source).

@@ -17,95 +17,14 @@ from the same code, so a test can prove the stored tables match the framework.
 """
 from __future__ import annotations
 
-import ast
-import dataclasses
-import enum
 import json
 import os
 import subprocess
-import sys
 import tempfile
-import types
-import typing
-import zipfile
 from pathlib import Path
 
-
-class ValidationFailed(Exception):
-    """The framework's own code refused the config; the message is the framework's."""
-
-
-def _jsonable(value):
-    try:
-        json.dumps(value)
-        return value
-    except TypeError:
-        if isinstance(value, enum.Enum):
-            return value.value
-        if isinstance(value, tuple):
-            return [_jsonable(v) for v in value]
-        return None
-
-
-def _kind(tp) -> dict:
-    """A field's annotation -> {"type": int|float|bool|str|list|dict|any, "choices": [...]}."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        kinds = [_kind(a) for a in args if a is not type(None)]
-        types_ = {k["type"] for k in kinds}
-        if len(kinds) == 1:
-            return kinds[0]
-        if types_ == {"int", "float"}:
-            return {"type": "float"}
-        return {"type": "any"}
-    if origin is typing.Literal:
-        return {"type": "str", "choices": [_jsonable(a) for a in args]}
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return {"type": "str", "choices": [m.value for m in tp]}
-    if tp is bool:
-        return {"type": "bool"}
-    if tp is int:
-        return {"type": "int"}
-    if tp is float:
-        return {"type": "float"}
-    if tp is str or (isinstance(tp, type) and issubclass(tp, os.PathLike)):
-        return {"type": "str"}
-    if origin in (list, tuple) or tp in (list, tuple):
-        return {"type": "list"}
-    if origin is dict or tp is dict:
-        return {"type": "dict"}
-    return {"type": "any"}
-
-
-def dataclass_table(cls) -> dict:
-    hints = typing.get_type_hints(cls)
-    table = {}
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
-        spec = _kind(hints.get(f.name, typing.Any))
-        if f.default is not dataclasses.MISSING:
-            spec["default"] = _jsonable(f.default)
-        elif f.default_factory is not dataclasses.MISSING:
-            spec["default"] = _jsonable(f.default_factory())
-        table[f.name] = spec
-    return dict(sorted(table.items()))
-
-
-def pydantic_table(model) -> dict:
-    table = {}
-    for name, f in model.model_fields.items():
-        spec = _kind(f.annotation)
-        default = f.get_default(call_default_factory=True) if not f.is_required() else None
-        spec["default"] = _jsonable(default)
-        if (f.json_schema_extra or {}).get("deprecated"):
-            spec["deprecated"] = True
-        if hasattr(f.annotation, "model_fields") or any(hasattr(a, "model_fields") for a in typing.get_args(f.annotation)):
-            spec = {"type": "dict"}
-        table[f.alias or name] = spec
-        if f.alias and f.alias != name:
-            table[name] = dict(spec, alias_of=f.alias)
-    return dict(sorted(table.items()))
+from memfit.interfaces.formats.framework_tables import ValidationFailed, dataclass_table, pydantic_table
+from memfit.interfaces.formats.validate_openrlhf import openrlhf_table
 
 
 # --- DeepSpeed ----------------------------------------------------------------------------------------
@@ -264,7 +183,7 @@ if sys.argv[2] == "table":
                                       ModelArguments, TrainingArguments)
     import llamafactory
     sys.path.insert(0, sys.argv[3])
-    from memfit.interfaces.formats.validate import dataclass_table
+    from memfit.interfaces.formats.framework_tables import dataclass_table
     print("MEMFIT-RESULT " + json.dumps({"version": llamafactory.__version__, "fields": {c.__name__: dataclass_table(c)
         for c in (ModelArguments, DataArguments, TrainingArguments, FinetuningArguments, GeneratingArguments)}}))
     sys.exit(0)
@@ -342,108 +261,8 @@ def llamafactory_table() -> dict:
     return {"source": f"llamafactory {out['version']}", **out["fields"]}
 
 
-# --- OpenRLHF: the argparse parser, rebuilt from the released source ----------------------------------
-
-OPENRLHF_VERSIONS = ("0.8.9", "0.9.1", "0.10.1", "0.11.2")
-OPENRLHF_SCRIPTS = ("train_sft", "train_dpo", "train_rm")
-WHEEL_CACHE = Path(os.environ.get("MEMFIT_WHEEL_CACHE", Path(tempfile.gettempdir()) / "memfit-wheels"))
-
-
-def openrlhf_source(version: str, script: str) -> str:
-    """The script's source from the released wheel (pip download, no install: the package imports
-    flash_attn, which needs CUDA)."""
-    return openrlhf_file(version, f"openrlhf/cli/{script}.py")
-
-
-def openrlhf_file(version: str, path: str) -> str:
-    """A file of the released wheel, e.g. openrlhf/utils/deepspeed/deepspeed_utils.py."""
-    WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
-    wheels = list(WHEEL_CACHE.glob(f"openrlhf-{version}-*.whl"))
-    if not wheels:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", f"openrlhf=={version}",
-                        "-d", str(WHEEL_CACHE)], check=True, capture_output=True, timeout=300)
-        wheels = list(WHEEL_CACHE.glob(f"openrlhf-{version}-*.whl"))
-    with zipfile.ZipFile(wheels[0]) as z:
-        name = next(n for n in z.namelist() if n.endswith(path))
-        return z.read(name).decode()
-
-
-def openrlhf_train_ds_config(source: str, **arguments) -> dict:
-    """Run get_train_ds_config of (an edited copy of) OpenRLHF's deepspeed_utils.py: the DeepSpeed config
-    it hands to deepspeed.initialize (that module imports only deepspeed, torch and packaging)."""
-    namespace: dict = {"__name__": "openrlhf_deepspeed_utils"}
-    exec(compile(source, "openrlhf/utils/deepspeed/deepspeed_utils.py", "exec"), namespace)
-    return namespace["get_train_ds_config"](**arguments)
-
-
-def _literal(node):
-    try:
-        return ast.literal_eval(node)
-    except ValueError:
-        try:  # int(1e8) and the like
-            return eval(compile(ast.Expression(node), "<flag>", "eval"), {"__builtins__": {}, "int": int, "float": float})
-        except Exception:
-            return None
-
-
-def argparse_table(source: str) -> dict:
-    """Every `parser.add_argument(...)` of a script, as plain data: flags -> type, default, action, ..."""
-    table = {}
-    for node in ast.walk(ast.parse(source)):
-        if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"):
-            continue
-        names = [a.value for a in node.args if isinstance(a, ast.Constant)]
-        spec = {}
-        for kw in node.keywords:
-            if kw.arg in ("help", "metavar"):
-                continue
-            if kw.arg == "type":
-                spec["type"] = ast.unparse(kw.value)
-            else:
-                spec[kw.arg] = _jsonable(_literal(kw.value))
-        spec.setdefault("dest", names[0].lstrip("-").replace("-", "_"))
-        for name in names:
-            table[name] = spec
-    return dict(sorted(table.items()))
-
-
-def openrlhf_table() -> dict:
-    return {"source": "openrlhf " + ", ".join(OPENRLHF_VERSIONS),
-            "versions": {v: {s: argparse_table(openrlhf_source(v, s)) for s in OPENRLHF_SCRIPTS}
-                         for v in OPENRLHF_VERSIONS}}
-
-
-def openrlhf_parser(source: str):
-    """Run the script's own `add_argument` calls on a fresh parser (no other code of the script runs)."""
-    import argparse
-
-    parser = argparse.ArgumentParser(exit_on_error=False)
-
-    def error(message):
-        raise ValidationFailed(f"OpenRLHF argparse: {message}")
-
-    parser.error = error
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
-            call = ast.Call(func=ast.Name("add_argument", ast.Load()), args=node.args, keywords=node.keywords)
-            code = compile(ast.fix_missing_locations(ast.Expression(call)), "<openrlhf>", "eval")
-            from datetime import datetime
-
-            eval(code, {"add_argument": parser.add_argument, "int": int, "float": float, "str": str,
-                        "datetime": datetime})
-    return parser
-
-
-def validate_openrlhf(command_args: list[str], version: str, script: str = "train_sft"):
-    """Parse the arguments memfit wrote with OpenRLHF's own parser of that release."""
-    parser = openrlhf_parser(openrlhf_source(version, script))
-    try:
-        return parser.parse_args(command_args)
-    except Exception as e:
-        raise ValidationFailed(f"OpenRLHF {version} {script}: {e}") from e
-
-
 def write_tables(folder: Path | None = None) -> None:
+
     """Regenerate memfit/interfaces/formats/tables/*.json from the installed frameworks (a maintainer's step)."""
     folder = folder or Path(__file__).parent / "tables"
     for name, make in (("deepspeed", deepspeed_table), ("hf", hf_table), ("accelerate", accelerate_table),
