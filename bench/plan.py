@@ -20,7 +20,7 @@ What the bench assumes (printed with the table):
   and whether another layout (2 nodes of 8) would reproduce the report: the start's OOM and the fix's fit.
 - `memfit fit` runs on an example file of the report's kind (tests/formats/examples, same flags as the
   case) and the framework's own parser reads what it wrote: OpenRLHF's argparse rebuilt from the released
-  wheel, LLaMA-Factory's get_train_args in its venv (memfit/interfaces/formats/validate.py); a code edit is written
+  wheel, LLaMA-Factory's get_train_args in its venv (memfit/interfaces/formats/validate.py, validate_openrlhf.py); a code edit is written
   as its own file beside the command.
 """
 from __future__ import annotations
@@ -269,11 +269,11 @@ def fit_check(case_id: str) -> str:
 
 
 def _parsed(imported, written: Path) -> str:
-    from memfit.interfaces.formats import openrlhf, validate
+    from memfit.interfaces.formats import openrlhf, validate, validate_openrlhf
 
     try:
         if imported.format == "openrlhf":
-            validate.validate_openrlhf(openrlhf.arguments(imported), imported.variant, imported.doc.script)
+            validate_openrlhf.validate_openrlhf(openrlhf.arguments(imported), imported.variant, imported.doc.script)
             return f"accepted (OpenRLHF {imported.variant} argparse)"
         if not (validate.LLAMAFACTORY_VENV / "bin" / "python").exists():
             return "not checked: no LLaMA-Factory venv (tests/formats/README.md)"
