@@ -1,4 +1,4 @@
-"""Runs with several models (memfit/roles/estimate.py, issue 6): right label, right reason, right placement."""
+"""Runs with several models (memfit/roles/): right label, right reason, right placement."""
 import json
 
 import pytest

@@ -38,6 +38,10 @@ def generator_facts() -> dict:
     return facts()["generator"]["vllm"]
 
 
+# the methods OpenRLHF's train_dpo runs (--ipo switches the loss): the DPO step the trace and measure run
+OPENRLHF_DPO_METHODS = ("dpo", "ipo")
+
+
 def several_models(method: str) -> bool:
     """The method runs more than the trained model (a reference, critic, reward model or generator), or trains
     on rows of several sequences per example."""

@@ -11,9 +11,9 @@ from memfit.facts.engines import ENGINES
 from memfit.facts.engines.deepspeed import hf_auto_buckets
 from memfit.facts.frameworks import Framework, framework
 from memfit.facts.knobs import acting_when, knobs
+from memfit.facts.methods import several_models
 from memfit.facts.scenario import Hardware, Scenario
 
-SINGLE_MODEL_METHODS = ("sft", "pt")
 
 
 def zero_buckets(fw: Framework, model: ModelSpec, stage: int) -> dict:
@@ -80,7 +80,7 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
                 assumed.append(f"{name}={fw.defaults[name]} ({profile_name} default)")
     method = values.get("method", "sft")
     several = [n for n in acting_when("several") if n in given]
-    if method in SINGLE_MODEL_METHODS and several:
+    if not several_models(method) and several:
         raise MemfitError(f"{', '.join(sorted(several))} only apply to preference / RL methods; add --method")
     if isinstance(values.get("role_gpus"), dict):
         values["role_gpus"] = tuple(sorted(values["role_gpus"].items()))

@@ -20,13 +20,12 @@ from pathlib import Path
 from memfit.errors import MemfitError
 from memfit.facts.engines import engine_of
 from memfit.facts.knobs import acting_when
-from memfit.facts.methods import several_models
+from memfit.facts.methods import OPENRLHF_DPO_METHODS, several_models
 from memfit.measure.result import MeasureResult, RankMeasurement
 from memfit.facts.scenario import Scenario
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MAX_CPU_RANKS = 8
-DPO_METHODS = ("dpo", "ipo")  # OpenRLHF train_dpo runs both; the measured DPO step (measure/dpo.py)
 
 
 def _cuda() -> bool:
@@ -44,7 +43,8 @@ def plan(scenario: Scenario, allow_substitutions: bool = True) -> tuple[Scenario
     """
     cuda = _cuda()
     used_instead: list[str] = []
-    if several_models(scenario.method) and (scenario.method not in DPO_METHODS or scenario.engine != "deepspeed"):
+    if several_models(scenario.method) and (scenario.method not in OPENRLHF_DPO_METHODS
+                                            or scenario.engine != "deepspeed"):
         raise MemfitError(f"measure runs {scenario.method} only as OpenRLHF's DPO/IPO on DeepSpeed "
                           f"(--method dpo --engine deepspeed --profile openrlhf)")
     if scenario.tuning == "qlora" and not cuda:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memfit.facts.engines import engine_of
+from memfit.facts.recompute import Recompute
 from memfit.memory.inventory import ParamTensor
 from memfit.facts.scenario import Scenario
 
@@ -220,7 +221,7 @@ def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
         masks = rows * t * t  # 4D bool mask
         layer_saved += rows * t * t * b  # the mem-efficient kernel saves it as a bias in compute dtype
     ckpt_layers, plain_layers = _checkpoint_split(s)
-    offloaded = s.checkpointing in ("offload", "unsloth")
+    offloaded = Recompute.of(s.checkpointing).on_host
     checkpoint = n * rb * m.hidden_size
     v = m.vocab_size
     logits_fwd, logits_saved, logits_bwd = _logits(s, n, v, b)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from memfit.errors import MemfitError
 from memfit.facts.engines import Sharding
 from memfit.facts.frameworks import frameworks
+from memfit.facts.recompute import MODES, Recompute
 from memfit.facts.scenario import Scenario
 from memfit.planner.knobs import ZERO3, ActKnobs, Layout, StateKnobs
 
@@ -16,12 +17,10 @@ RATIOS = (1.0, 0.9, 0.8, 0.7, 0.5)  # DeepSpeed offload_optimizer.ratio values t
 # with adapters, sharding only the optimizer or the gradients shards tiny adapter states: no row of their own
 ADAPTER_SKIP_LEVELS = (Sharding.OPTIMIZER, Sharding.GRADIENTS)
 # Device-memory order of the activation knobs (lower = less memory); values of equal rank are not compared.
-CKPT_RANK = {"offload": 0, "unsloth": 0, "full": 1, "every_n": 2, "off": 3}
 ATTN_RANK = {"flash": 0, "sdpa": 1, "eager": 2}
 # Losses are not ranked: Liger's fused loss holds a V x h fp32 weight gradient when lm_head trains, which
 # exceeds the standard loss's logits at small micro-batches; the search tries each loss instead.
 PAD_RANK = {"padding_free": 0, "packed": 0, "padded": 1}
-SPEED_RANK_CKPT = {"off": 0, "every_n": 1, "full": 2, "offload": 3, "unsloth": 3}  # recompute + transfers
 
 
 def framework_options() -> dict[str, dict]:
@@ -177,7 +176,9 @@ def le(a: ActKnobs, b: ActKnobs) -> bool:
     def ok(x, y, rank) -> bool:
         return x == y or rank.get(x, 9) < rank.get(y, 9)
 
-    return (a.micro_batch <= b.micro_batch and ok(a.checkpointing, b.checkpointing, CKPT_RANK)
+    # more recompute needs less device memory
+    recompute = {mode: -level for mode, level in MODES.items()}
+    return (a.micro_batch <= b.micro_batch and ok(a.checkpointing, b.checkpointing, recompute)
             and ok(a.attention, b.attention, ATTN_RANK) and a.loss == b.loss
             and ok(a.padding, b.padding, PAD_RANK))
 
@@ -185,15 +186,15 @@ def le(a: ActKnobs, b: ActKnobs) -> bool:
 def least_memory(acts: list[ActKnobs], loss: str, host: bool = False) -> ActKnobs | None:
     """The activation setting with this loss that needs the least device memory (host=True: among those
     without offloaded checkpoints, which cost host RAM)."""
-    pool = [a for a in acts if a.loss == loss and (not host or a.checkpointing not in ("offload", "unsloth"))]
-    return min(pool, key=lambda a: (a.micro_batch, CKPT_RANK.get(a.checkpointing, 9), ATTN_RANK[a.attention],
+    pool = [a for a in acts if a.loss == loss and (not host or not Recompute.of(a.checkpointing).on_host)]
+    return min(pool, key=lambda a: (a.micro_batch, -Recompute.of(a.checkpointing), ATTN_RANK[a.attention],
                                     PAD_RANK[a.padding]), default=None)
 
 
 def fastest(acts: list[ActKnobs], loss: str) -> ActKnobs | None:
     """The activation setting with this loss the speed model rates fastest (it is monotone in each knob)."""
     pool = [a for a in acts if a.loss == loss]
-    return min(pool, key=lambda a: (-a.micro_batch, SPEED_RANK_CKPT.get(a.checkpointing, 9),
+    return min(pool, key=lambda a: (-a.micro_batch, Recompute.of(a.checkpointing),
                                     ATTN_RANK[a.attention], PAD_RANK[a.padding]), default=None)
 
 

@@ -52,6 +52,7 @@ from functools import cache
 from memfit.dtypes import NF4_BYTES
 from memfit.facts.catalog import HERE, ModelSpec
 from memfit.facts.engines import Sharding, engine_of
+from memfit.facts.recompute import Recompute
 from memfit.facts.scenario import Scenario
 from memfit.memory.inventory import scenario_tensors, tuned_tensors
 from memfit.memory.states.common import partition_sizes
@@ -263,7 +264,7 @@ def _optimizer_and_offload(s: Scenario, p: ParamCounts, bandwidth: float) -> tup
     if s.optimizer_in_backward:
         gpu_step *= 1.0 - a["optimizer"]["in_backward_hidden"]
     step["optimizer"] = gpu_step
-    if s.checkpointing in ("offload", "unsloth"):
+    if Recompute.of(s.checkpointing).on_host:
         ckpt_bytes = (s.tokens_per_micro_batch * s.model.hidden_size * s.compute_bytes * s.model.num_layers
                       * _checkpointed_fraction(s))
         micro["activation_offload"] = 2 * ckpt_bytes / _host_link(s, s.checkpointing == "offload") \

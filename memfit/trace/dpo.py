@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from memfit.errors import MemfitError
-from memfit.facts.methods import framework_facts, reference
+from memfit.facts.methods import OPENRLHF_DPO_METHODS, framework_facts, reference
 from memfit.facts.scenario import Scenario
 from memfit.trace.accountant import Accountant
 from memfit.trace.build import BuiltModel, build_model
@@ -44,7 +44,7 @@ def reference_kind(scenario: Scenario) -> str:
 
 def check_supported(scenario: Scenario) -> None:
     fw = framework_facts(scenario.profile)
-    if scenario.method not in ("dpo", "ipo"):
+    if scenario.method not in OPENRLHF_DPO_METHODS:
         raise MemfitError(f"trace runs sft, pt, dpo and ipo steps; method {scenario.method!r} is not traced yet")
     if fw["logits"] not in LOGITS_KINDS:
         raise MemfitError(f"trace runs OpenRLHF's DPO step (fp32 logits, flash_attn cross entropy); profile "
