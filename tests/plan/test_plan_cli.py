@@ -18,7 +18,7 @@ def run(argv) -> int:
 def test_plan_json_has_the_start_and_fitting_rows(capsys):
     assert run(QWEN + ["--allow", "lora", "--top", "3", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["schema"] == "memfit.planner.search/1"
+    assert doc["schema"] == "memfit.plan/1"
     assert doc["start"]["verdict"] == "oom"
     assert 1 <= len(doc["rows"]) <= 3
     for row in doc["rows"]:

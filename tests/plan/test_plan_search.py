@@ -1,4 +1,4 @@
-"""memfit/planner/search.py: only fitting configurations, the global batch kept, `allow` and the frameworks'
+"""memfit plan (memfit/planner/): only fitting configurations, the global batch kept, `allow` and the frameworks'
 constraints respected, the user reports' fixes found, each change measured."""
 from dataclasses import replace
 

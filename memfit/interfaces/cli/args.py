@@ -59,7 +59,8 @@ def _add(group, k: Knob, positional: bool = False) -> None:
     if positional:
         group.add_argument(k.name, nargs="?", help=k.help)
         return
-    options: dict = {"dest": k.name, "help": k.help, "default": None}
+    choices = f" (one of: {', '.join(map(str, k.choices))})" if k.choices else ""
+    options: dict = {"dest": k.name, "help": k.help + choices, "default": None}
     if k.type == "bool":
         options["action"] = argparse.BooleanOptionalAction
     elif k.type == "int":

@@ -1,6 +1,6 @@
 """`memfit plan`: the fastest configurations that fit, and what each change saves and costs.
 
-Presentation only: the search is memfit/planner/search.py. Registered by memfit/interfaces/cli/main.py::build_parser through
+Presentation only: the search is memfit/planner/ (plan.py). Registered by memfit/interfaces/cli/main.py::build_parser through
 `add_plan_command(sub)`.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ def run_plan(a: argparse.Namespace) -> int:
 def plan_json(start, rows, miss, options=None) -> dict:
     s = start.scenario
     return {
-        "schema": "memfit.planner.search/1",
+        "schema": "memfit.plan/1",
         "model": s.model.id, "method": s.method, "gpu": s.hardware.gpu.name,
         "gpu_memory_bytes": s.hardware.gpu.memory_bytes,
         "gpus_per_node": s.hardware.gpus_per_node, "nodes": s.hardware.nodes,
