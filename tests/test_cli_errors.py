@@ -75,6 +75,8 @@ def test_local_config_of_a_supported_architecture_works(tmp_path, capsys):
     (BASE + ["--tuning", "lora", "--lora-targets", "nonexistent_proj"], "match no module"),
     (BASE + ["--attn", "magic"], "--attention/--attn 'magic' is not valid"),
     (BASE + ["--profile", "megatron"], "unknown framework profile"),
+    (BASE + ["--gpus", "2", "--zero", "3", "--fsdp", "full_shard"], "name different engines"),
+    (BASE + ["--gpus", "2", "--engine", "ddp", "--zero", "2"], "name different engines"),
     (["estimate", "qwen2-7b"], "say which gpu"),
 ])
 def test_bad_knobs(argv, needle, capsys):

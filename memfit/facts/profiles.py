@@ -22,6 +22,7 @@ def zero_buckets(fw: Framework, model: ModelSpec, stage: int) -> dict:
 
 
 def _engine(given: dict, defaults: dict, hardware: Hardware, assumed: list[str], name: str) -> str:
+    _check_one_engine(given)
     if given.get("engine"):
         return given["engine"]
     if given.get("zero_stage") is not None:
@@ -38,6 +39,17 @@ def _engine(given: dict, defaults: dict, hardware: Hardware, assumed: list[str],
     return "single"
 
 
+def _check_one_engine(given: dict) -> None:
+    """A ZeRO stage means DeepSpeed and a sharding strategy means FSDP: saying both, or another engine, is a
+    contradiction the user must settle (not one for memfit to pick)."""
+    implied = {e for e, knob in (("deepspeed", "zero_stage"), ("fsdp", "fsdp_strategy")) if given.get(knob) is not None}
+    if given.get("engine"):
+        implied.add(given["engine"])
+    if len(implied) > 1:
+        flags = [knobs()[k].label for k in ("engine", "zero_stage", "fsdp_strategy") if given.get(k) is not None]
+        raise MemfitError(f"{' and '.join(flags)} name different engines ({', '.join(sorted(implied))}); say one")
+
+
 def _unknown(given: dict) -> None:
     unknown = sorted(set(given) - set(knobs()))
     if unknown:
@@ -47,8 +59,8 @@ def _unknown(given: dict) -> None:
 def _engine_values(engine: str, given: dict, fw: Framework, model: ModelSpec, assumed: list[str]) -> dict:
     """The knobs of the engine in use; another engine's knobs the user gave do nothing, and we say so."""
     values: dict = {}
-    for other, when in (("deepspeed", "deepspeed"), ("fsdp", "fsdp")):
-        stated = [k for k in acting_when(when) if k in given and given[k] != knobs()[k].default]
+    for other in ("deepspeed", "fsdp"):
+        stated = [k for k in acting_when(other) if k in given and given[k] != knobs()[k].default]
         if other != engine and stated:
             assumed.append(f"ignored {', '.join(knobs()[k].flag for k in stated)}: {other} settings, and the "
                            f"engine is {engine}")
