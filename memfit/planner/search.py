@@ -71,16 +71,6 @@ def fits(e: Judged) -> bool:
     return e.verdict in FITTING
 
 
-def estimate_any(s: Scenario):
-    """The estimate of any run (memfit/roles/estimate.py)."""
-    return estimate(s)
-
-
-def speed_of(s: Scenario) -> StepTime:
-    """The step-time model of any run (memfit/planner/step_time.py)."""
-    return step_time(s)
-
-
 def per_gpu_batch(base: Scenario, global_batch: int | None) -> int:
     world = base.world_size
     if global_batch is None:
@@ -133,7 +123,7 @@ class Search:
         """A candidate, or None for a combination the frameworks reject (or, when `runnable`, one that cannot run)."""
         try:
             s = self.builder.scenario(k, a)
-            speed = speed_of(s)
+            speed = step_time(s)
         except MemfitError:
             return None  # a combination the frameworks reject (the scenario says which)
         if runnable and speed.tokens_per_second <= 0:
@@ -142,7 +132,7 @@ class Search:
 
     def estimate(self, c: Candidate) -> Judged:
         if c.judged is None:
-            c.judged = judge(estimate_any(c.scenario), self.options.resume)
+            c.judged = judge(estimate(c.scenario), self.options.resume)
             self.estimates += 1
         return c.judged
 
