@@ -179,7 +179,7 @@ def evaluate(rows: list[GridRow], cache: TraceCache) -> list[Comparison]:
             if entry is None:
                 out.append(Comparison(row, key, "untraced", "not in the trace cache (run with --refresh)"))
                 continue
-            est = estimate(scenario) if row.method != "sft" else estimate(scenario)
+            est = estimate(scenario)
         except MemfitError as e:
             out.append(Comparison(row, "", "error", f"estimate: {e}"))
             continue

@@ -151,8 +151,10 @@ def _seq(case: dict) -> int:
 
 
 def _lora_targets(case: dict) -> tuple[str, ...] | None:
-    """Module names out of the case's free text ("q_proj k_proj v_proj o_proj", "q,v,output_proj + MLP")."""
-    text = (case.get("lora_targets") or "").lower()
+    """Module names out of the case's free text ("q_proj k_proj v_proj o_proj", "q,v,output_proj + MLP") or list."""
+    given = case.get("lora_targets") or ""
+    text = " ".join(map(str, given)) if isinstance(given, (list, tuple)) else str(given)
+    text = text.lower()
     if not text or "all" in text or "default" in text:
         return None
     names = {"output_proj": "o_proj", "q": "q_proj", "k": "k_proj", "v": "v_proj"}

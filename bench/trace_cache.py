@@ -26,6 +26,8 @@ PAD_TOKENS = 1  # run_trace default: a padded batch carries a mask
 # catalog documentation and the scenario's list of assumed defaults: they change no tensor
 _DOC_FIELDS = {"aliases", "params_source", "config_source", "published_params", "source", "name", "assumed"}
 _OFF = (None, False, 0, "", "none", "off", (), [], {})
+# fields added after the cache was written, whose default is what every older entry was traced with
+_SAME_AS_BEFORE = {"hidden_act": "silu", "attention_dropout": -1.0}
 
 
 def _field_default(f: dataclasses.Field):
@@ -44,7 +46,7 @@ def _plain(obj):
         out = {}
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
-            if f.name in _DOC_FIELDS or (value in _OFF and type(value) is type(_field_default(f))
+            if f.name in _DOC_FIELDS or _SAME_AS_BEFORE.get(f.name, object()) == value or (value in _OFF and type(value) is type(_field_default(f))
                                          and value == _field_default(f)):
                 continue
             out[f.name] = _plain(value)

@@ -8,6 +8,8 @@ NF4_BYTES = 0.5 + 4 / 64
 NF4_DQ_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 # GPTQ int4 (auto-gptq): packed int32 qweight (0.5 B) + fp16 scale and 4-bit zero per group of 128 inputs.
 GPTQ_BYTES_PER_GROUP_OF_128 = 0.5 + (2 + 0.5) / 128
+# FP8 checkpoints (DeepSeek-V3 style, transformers FP8 quantizer): 1 byte per weight + an fp32 scale per 128x128 block.
+FP8_BLOCK_BYTES = 1 + 4 / (128 * 128)
 
 
 def ceil_to(n: int, multiple: int) -> int:

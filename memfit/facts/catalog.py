@@ -37,6 +37,9 @@ ARCH_DEFAULTS: dict = {
     "dropout": 0.0,
     "eager_repeats_kv": True,
     "eager_score_bytes": 0,
+    "hidden_act": "silu",
+    "attention_dropout": -1.0,
+    "learned_position_offset": 0,
 }
 
 
@@ -63,6 +66,7 @@ class ModelSpec:
     aliases: tuple[str, ...] = ()
     params_source: str = ""
     config_source: str = ""
+    config_file: str = ""  # the config.json this spec was read from (trace builds from the file itself)
     # structural facts (from architectures.toml, overridable per model)
     norm: str = "rms"
     norms_per_layer: int = 2
@@ -83,8 +87,16 @@ class ModelSpec:
     dropout: float = 0.0
     eager_repeats_kv: bool = True
     eager_score_bytes: int = 0
+    hidden_act: str = "silu"  # the MLP activation (transformers ACT2FN name); activations.toml says what it saves
+    attention_dropout: float = -1.0  # the attention-probability dropout; -1 = same as `dropout`
+    learned_position_offset: int = 0  # extra rows of a learned position table (OPT: 2)
+    assumed: tuple[str, ...] = ()  # facts guessed for a config.json of a family memfit does not know
     linear_names: dict = field(default_factory=dict, compare=False, hash=False)
     extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def attn_dropout(self) -> float:
+        return self.dropout if self.attention_dropout < 0 else self.attention_dropout
 
     @property
     def is_moe(self) -> bool:
@@ -131,6 +143,7 @@ def _build_model(entry: dict, source: str) -> ModelSpec:
     known = {k: v for k, v in merged.items() if k in _MODEL_FIELDS}
     known["extra"] = {k: v for k, v in merged.items() if k not in _MODEL_FIELDS and k not in family}
     known["aliases"] = tuple(merged.get("aliases", ()))
+    known["assumed"] = tuple(merged.get("assumed", ()))
     try:
         return ModelSpec(**known)
     except TypeError as e:
@@ -240,25 +253,110 @@ def _dotted(data: dict, key: str):
     return data
 
 
-def model_from_config_file(path: Path) -> ModelSpec:
-    data = _read_config(path)
-    model_type = data.get("model_type")
-    family = next((name for name, a in architectures().items() if model_type in a.get("hf_model_types", [])), None)
-    if family is None:
-        known = sorted({t for a in architectures().values() for t in a.get("hf_model_types", [])})
-        raise MemfitError(f"unsupported architecture model_type={model_type!r} in {path}; supported: {', '.join(known)}")
-    entry: dict = {"id": str(path), "arch": family, "config_source": f"local {path}"}
-    for ours, keys in architectures()[family].get("config_keys", {}).items():
-        value = next((v for v in (_dotted(data, k) for k in keys) if v is not None), None)
+@cache
+def _activations() -> dict:
+    with open(HERE / "activations.toml", "rb") as f:
+        return tomllib.load(f)
+
+
+def activation_saved(name: str) -> float:
+    """Input-sized tensors (in compute-dtype units) the MLP activation `name` keeps for backward; an unknown
+    activation is given the largest count of any known one (guess high)."""
+    saved = _activations()["saved"]
+    return saved.get(name, max(saved.values()))
+
+
+def activation_saves_output(name: str) -> bool:
+    """Whether what the activation saves includes its own output (ReLU), the same tensor the next Linear saves."""
+    return _activations().get("saves_output", {}).get(name, False)
+
+
+def known_activation(name: str) -> bool:
+    return name in _activations()["saved"]
+
+
+@cache
+def config_reading() -> dict:
+    """config_keys.toml: the config.json key names shared by most families, and quantization methods."""
+    with open(HERE / "config_keys.toml", "rb") as f:
+        return tomllib.load(f)
+
+
+def _family_of(model_type) -> tuple[str, list[str]]:
+    """The family of a config's model_type, and what is assumed when memfit does not know it."""
+    for name, a in architectures().items():
+        if model_type in a.get("hf_model_types", []):
+            return name, []
+    reading = config_reading()
+    known = sorted({t for a in architectures().values() for t in a.get("hf_model_types", [])})
+    if model_type in reading["not_decoders"]:
+        raise MemfitError(f"unsupported architecture model_type={model_type!r}: not an attention decoder memfit can "
+                          f"read; supported: {', '.join(known)}, or any Llama-style decoder")
+    fallback = reading["unknown_family"]
+    return fallback, [f"model_type {model_type!r} is not a family memfit knows: read as a {fallback}-style decoder "
+                      f"(gated MLP, RMSNorm, separate q/k/v/o); check with `memfit trace` where transformers has it"]
+
+
+def _read_keys(data: dict, family: dict) -> dict:
+    keys = {**config_reading()["config_keys"], **family.get("config_keys", {})}
+    entry = {}
+    for ours, names in keys.items():
+        value = next((v for v in (_dotted(data, k) for k in names) if v is not None), None)
         if value is not None:
             entry[ours] = value
-    divisor = architectures()[family].get("config_intermediate_divisor")
+    for key, cases in family.get("config_switches", {}).items():  # a config flag that changes the structure
+        entry.update(cases.get(json.dumps(data.get(key, family.get("switch_defaults", {}).get(key))), {}))
+    return entry
+
+
+def _quantization(data: dict, where: str) -> dict:
+    q = data.get("quantization_config")
+    if not isinstance(q, dict):
+        return {}
+    method = str(q.get("quant_method", "")).lower()
+    bits = q.get("bits") or (4 if q.get("load_in_4bit") else 8 if q.get("load_in_8bit") or method == "fp8" else None)
+    known = config_reading()["quantization"]
+    name = f"{method}-{bits}bit"
+    if name not in known:
+        raise MemfitError(f"{where}: quantization_config {method!r} with {bits} bits is not modelled; "
+                          f"modelled: {', '.join(sorted(known))}")
+    out = {"quantization": known[name]}
+    if isinstance(q.get("group_size"), int):
+        out["gptq_group_size"] = q["group_size"]
+    return out
+
+
+def model_from_config_file(path: Path) -> ModelSpec:
+    data = _read_config(path)
+    family, assumed = _family_of(data.get("model_type"))
+    facts = architectures()[family]
+    file = path / "config.json" if path.is_dir() else path
+    entry: dict = {"id": str(path), "arch": family, "config_source": f"local {path}", "config_file": str(file),
+                   **_read_keys(data, facts), **_quantization(data, str(path))}
+    divisor = facts.get("config_intermediate_divisor")
     if divisor and isinstance(entry.get("intermediate_size"), int):
         entry["intermediate_size"] //= divisor
     missing = [k for k in ("hidden_size", "num_layers", "num_heads", "vocab_size") if k not in entry]
     if missing:
-        raise MemfitError(f"config {path} lacks {', '.join(missing)} for a {family} model")
+        what = f"a {family} model" if not assumed else f"an unknown family (model_type {data.get('model_type')!r})"
+        raise MemfitError(f"unsupported architecture: config {path} lacks {', '.join(missing)} for {what}")
+    experts = [k for k in config_reading()["expert_keys"] if data.get(k)]
+    if assumed and experts:  # a Llama reading would leave out the experts: far under, the costly error
+        raise MemfitError(f"unsupported architecture model_type={data.get('model_type')!r}: a mixture of experts "
+                          f"({experts[0]}) of a family memfit does not know; known MoE families: "
+                          f"mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3")
     for key in ("hidden_size", "num_layers", "num_heads", "vocab_size", "intermediate_size"):
         if key in entry and (not isinstance(entry[key], int) or entry[key] <= 0):
             raise MemfitError(f"config {path}: {key} must be a positive integer, got {entry[key]!r}")
+    if "intermediate_size" not in entry:  # GPT-2 style n_inner null: the code uses a multiple of hidden
+        multiple = facts.get("intermediate_default_multiple")
+        if multiple is None:
+            multiple = 4
+            assumed.append(f"{path}: no intermediate size in config.json; assumed {multiple} x hidden")
+        entry["intermediate_size"] = multiple * entry["hidden_size"]
+    act = entry.get("hidden_act", facts.get("hidden_act", ARCH_DEFAULTS["hidden_act"]))
+    if not known_activation(act):
+        assumed.append(f"activation {act!r} is not in activations.toml: assumed it saves {activation_saved(act):g} "
+                       f"input-sized tensors (the most of any known one)")
+    entry["assumed"] = assumed
     return _build_model(entry, str(path))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memfit.facts.catalog import activation_saved, activation_saves_output
 from memfit.facts.engines import engine_of
 from memfit.facts.recompute import Recompute
 from memfit.memory.inventory import ParamTensor
@@ -88,7 +89,7 @@ def attention_per_token(s: Scenario, b: int) -> tuple[int, int, int]:
     # keeps a bool mask per score
     if not m.eager_repeats_kv:
         repeated = kv
-    dropout_mask = 1 if m.dropout > 0 else 0
+    dropout_mask = 1 if m.attn_dropout > 0 else 0
     per_key_saved = m.num_heads * (4 + b + (b if m.attn_softcap else 0) + dropout_mask)  # softcap: tanh output
     per_key_transient = m.num_heads * (m.eager_score_bytes or b + b + 4)  # scores, masked scores, fp32 softmax
     return b * (q + 2 * repeated), per_key_saved, per_key_transient
@@ -196,9 +197,13 @@ def _layer_per_token(s: Scenario, b: int, rb: int, adapters) -> int:
     norms = _norm_per_token(s, b, rb) * m.norms_per_layer + (4 * m.norms_per_layer if m.norm == "rms" else 0)
     attn, _, _ = attention_per_token(s, b)
     norm_fed, others = _group_inputs(s, b, rb, adapters)
-    # MLP intermediates other than down's input: gate out (SiLU), SiLU out and up out (the product);
-    # plain MLPs: fc out (GELU); down's input is counted with the Linear inputs
-    mlp = _moe_per_token(s, b) if m.is_moe else b * ffn * (3 if m.mlp == "gated" else 1)
+    # MLP intermediates other than down's input: what the activation saves (activations.toml; F.silu and
+    # F.gelu keep their input, gelu_new's formula keeps 4), plus, gated, the activation output and up output
+    # the product keeps; down's input is counted with the Linear inputs
+    act = activation_saved(m.hidden_act)
+    if m.mlp == "plain" and activation_saves_output(m.hidden_act) and s.tuning in ("full", "freeze"):
+        act -= 1  # the output it keeps is the trainable down Linear's saved input, counted with the Linear inputs
+    mlp = _moe_per_token(s, b) if m.is_moe else int(b * ffn * (act + 2 if m.mlp == "gated" else act))
     mlp += 2 * h if m.dropout > 0 else 0  # residual dropouts after attention and MLP: bool masks
     if m.qk_norm != "none":
         attn += (4 + b) * (m.num_heads + m.num_kv_heads) * m.head_dim

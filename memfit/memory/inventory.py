@@ -141,7 +141,8 @@ def base_tensors(model: ModelSpec) -> list[ParamTensor]:
     if model.position == "learned":
         if not model.max_position_embeddings:
             raise MemfitError(f"{model.id}: learned positions need max_position_embeddings")
-        tensors.append(ParamTensor("embed_positions.weight", model.max_position_embeddings * h, 1, "embedding",
+        rows = model.max_position_embeddings + model.learned_position_offset
+        tensors.append(ParamTensor("embed_positions.weight", rows * h, 1, "embedding",
                                    "embed_positions"))
     if model.embedding_norm:
         tensors += _norm_tensors(model, "embed_norm", h, 1, False)

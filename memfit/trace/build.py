@@ -19,8 +19,10 @@
 """
 from __future__ import annotations
 
+import json
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -191,11 +193,12 @@ def hf_config(spec: ModelSpec, attn_implementation: str = "sdpa"):
     """The transformers config of `spec`, with the catalog's numbers and no cache (training)."""
     from transformers import AutoConfig
 
-    model_type, _ = family_of(spec)
-    kwargs = CONFIG_BUILDERS[model_type](spec)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        config = AutoConfig.for_model(model_type, **kwargs)
+        config = _config_from_file(spec)
+        if config is None:
+            model_type, _ = family_of(spec)
+            config = AutoConfig.for_model(model_type, **CONFIG_BUILDERS[model_type](spec))
     config.use_cache = False
     config._attn_implementation = attn_implementation
     # pad/bos/eos ids of the default config may lie outside a small test vocabulary
@@ -203,6 +206,17 @@ def hf_config(spec: ModelSpec, attn_implementation: str = "sdpa"):
         if getattr(config, name, None) is not None:
             setattr(config, name, None)
     return config
+
+
+def _config_from_file(spec: ModelSpec):
+    """The user's own config.json, read by transformers itself, so the trace does not inherit memfit's
+    reading of it; None for a catalog model or a family transformers does not know (hub remote code)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    data = json.loads(Path(spec.config_file).read_text()) if spec.config_file else {}
+    data = data["text_config"] if isinstance(data.get("text_config"), dict) else data
+    return AutoConfig.for_model(**data) if data.get("model_type") in CONFIG_MAPPING else None
 
 
 # ---------------------------------------------------------------------------------------------- dtypes
@@ -382,9 +396,9 @@ def build_model(scenario: Scenario, device: str | torch.device = "meta", fake_mo
     from transformers.utils import logging as hf_logging
 
     spec = scenario.model
-    family, substitute = family_of(spec)
     attn = attn_implementation(scenario, None if fake_mode is not None else device)
     config = hf_config(spec, attn)
+    family, substitute = (config.model_type, None) if spec.config_file and config.model_type else family_of(spec)
     frozen, _, _ = dtypes_for(scenario)
     notes = []
     if substitute:

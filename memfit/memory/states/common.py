@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memfit.dtypes import GPTQ_BYTES_PER_GROUP_OF_128, NF4_BYTES, NF4_DQ_BYTES, pow2_ceil
+from memfit.dtypes import FP8_BLOCK_BYTES, GPTQ_BYTES_PER_GROUP_OF_128, NF4_BYTES, NF4_DQ_BYTES, pow2_ceil
 from memfit.memory.inventory import ParamTensor
 
 # bitsandbytes 8-bit Adam: 1 B per state x 2 states, plus an fp32 absmax per 256-element block each.
@@ -80,6 +80,8 @@ def largest_module(tensors: list[ParamTensor]) -> int:
 def quantized_bytes(s) -> float:
     if s.model.quantization == "gptq-int4":
         return GPTQ_BYTES_PER_GROUP_OF_128
+    if s.model.quantization == "fp8":
+        return FP8_BLOCK_BYTES
     return NF4_DQ_BYTES if s.double_quant else NF4_BYTES
 
 
