@@ -232,8 +232,12 @@ def custom_gpu(memory_bytes: int, like: GpuSpec | None = None) -> GpuSpec:
                       "memory_bytes": memory_bytes})
 
 
+def _config_file(path: Path) -> Path:
+    return path / "config.json" if path.is_dir() else path
+
+
 def _read_config(path: Path) -> dict:
-    file = path / "config.json" if path.is_dir() else path
+    file = _config_file(path)
     if not file.is_file():
         raise MemfitError(f"cannot read model config {str(file)!r}: no such file (give a config.json or a folder holding one)")
     try:
@@ -305,14 +309,16 @@ def _read_keys(data: dict, family: dict) -> dict:
         if value is not None:
             entry[ours] = value
     for key, cases in family.get("config_switches", {}).items():  # a config flag that changes the structure
-        entry.update(cases.get(json.dumps(data.get(key, family.get("switch_defaults", {}).get(key))), {}))
+        entry.update(cases.get(json.dumps(data.get(key)), {}))
     return entry
 
 
 def _quantization(data: dict, where: str) -> dict:
     q = data.get("quantization_config")
-    if not isinstance(q, dict):
+    if q is None:
         return {}
+    if not isinstance(q, dict):
+        raise MemfitError(f"{where}: quantization_config must be a JSON object with a quant_method, got {q!r}")
     method = str(q.get("quant_method", "")).lower()
     bits = q.get("bits") or (4 if q.get("load_in_4bit") else 8 if q.get("load_in_8bit") or method == "fp8" else None)
     known = config_reading()["quantization"]
@@ -330,8 +336,8 @@ def model_from_config_file(path: Path) -> ModelSpec:
     data = _read_config(path)
     family, assumed = _family_of(data.get("model_type"))
     facts = architectures()[family]
-    file = path / "config.json" if path.is_dir() else path
-    entry: dict = {"id": str(path), "arch": family, "config_source": f"local {path}", "config_file": str(file),
+    entry: dict = {"id": str(path), "arch": family, "config_source": f"local {path}",
+                   "config_file": str(_config_file(path)),
                    **_read_keys(data, facts), **_quantization(data, str(path))}
     divisor = facts.get("config_intermediate_divisor")
     if divisor and isinstance(entry.get("intermediate_size"), int):

@@ -13,7 +13,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import any_config  # noqa: E402
 
-from memfit.facts.catalog import find_model  # noqa: E402
+from memfit.errors import MemfitError  # noqa: E402
+from memfit.facts.catalog import find_gpu, find_model  # noqa: E402
+from memfit.facts.profiles import build_scenario  # noqa: E402
+from memfit.facts.scenario import Hardware  # noqa: E402
 from memfit.memory.inventory import count_params  # noqa: E402
 from memfit.roles.estimate import estimate  # noqa: E402
 
@@ -75,19 +78,27 @@ def test_quantization_config_is_honoured(quant, kind, tmp_path):
     path.write_text(json.dumps(data))
     spec = find_model(str(path))
     assert spec.quantization == kind
-    from memfit.facts.catalog import find_gpu
-    from memfit.facts.profiles import build_scenario
-    from memfit.facts.scenario import Hardware
-
     s = build_scenario(spec, Hardware(gpu=find_gpu("a100-80gb"), gpus_per_node=1), {"tuning": "lora"})
     bf16 = build_scenario(find_model(str(any_config.write_config(tmp_path / "plain", "llama"))),
                           Hardware(gpu=find_gpu("a100-80gb"), gpus_per_node=1), {"tuning": "lora"})
     assert estimate(s).allocated.peak.get("weights") < 0.7 * estimate(bf16).allocated.peak.get("weights")
 
 
-def test_an_unmodelled_quantization_is_refused_in_one_line(tmp_path):
-    from memfit.errors import MemfitError
+def test_an_unknown_mixture_of_experts_is_refused_not_read_as_dense(tmp_path):
+    path = _config(tmp_path, model_type="brand_new_moe", hidden_size=1024, num_hidden_layers=4,
+                   num_attention_heads=8, intermediate_size=2816, vocab_size=32000, num_experts=64)
+    with pytest.raises(MemfitError, match="mixture of experts .*num_experts.* known MoE families"):
+        find_model(str(path))
 
+
+def test_a_malformed_quantization_config_is_refused(tmp_path):
+    path = _config(tmp_path, model_type="llama", hidden_size=1024, num_hidden_layers=4, num_attention_heads=8,
+                   intermediate_size=2816, vocab_size=32000, quantization_config="gptq")
+    with pytest.raises(MemfitError, match="quantization_config must be a JSON object"):
+        find_model(str(path))
+
+
+def test_an_unmodelled_quantization_is_refused_in_one_line(tmp_path):
     path = any_config.write_config(tmp_path, "llama")
     path.write_text(json.dumps(json.loads(path.read_text()) | {"quantization_config": {"quant_method": "gptq",
                                                                                        "bits": 3}}))
