@@ -2,7 +2,7 @@
 
     python bench/accuracy.py                      # table + summary (trace results come from the cache)
     python bench/accuracy.py --summary-json       # {"n", "median_abs_pct_error", "max_abs_pct_error", "phase_agreement",
-                                                  #  "groups": {"dpo": {...}, "moe": {...}}}
+                                                  #  "groups": {"dpo": {...}, "moe": {...}, "peft": {...}}}
     python bench/accuracy.py --quick              # ~20 rows
     python bench/accuracy.py --rows qwen3,lora    # rows whose id contains every comma-separated part
     python bench/accuracy.py --refresh --jobs 2   # re-trace (the selected rows) instead of reading the cache
@@ -10,8 +10,8 @@
 Every row is one single-GPU, plain-PyTorch (engine single) run on an A100-80GB: a catalog model x
 full/LoRA x checkpointing x attention x micro-batch x sequence length x bf16-pure/bf16-mixed x
 foreach/fused AdamW. The headline summary is the 162-row SFT grid's; groups beside it add DPO rows (OpenRLHF's
-step: policy + frozen bf16 reference on chosen + rejected rows, against the estimate) and more MoE
-families, summarised as groups. For each row the estimate's *allocated* profile is compared with the trace's:
+step: policy + frozen bf16 reference on chosen + rejected rows, against the estimate), more MoE
+families, and PEFT methods besides LoRA (IA3, VeRA, AdaLoRA, LoHa), summarised as groups. For each row the estimate's *allocated* profile is compared with the trace's:
 - total peak: the estimate counts only the categories the trace models (weights, gradients,
   optimizer states, activations, logits/loss); its runtime_overhead (cuBLAS workspace) and
   engine_buffers are left out, because the trace does not model them;

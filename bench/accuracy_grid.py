@@ -31,13 +31,17 @@ class GridRow:
 
     @property
     def id(self) -> str:
-        tuning = f"lora{self.lora_rank}" if self.tuning == "lora" else self.tuning
+        tuning = f"{self.tuning}{self.lora_rank}" if self.ranked else self.tuning
         ckpt = "ckpt" if self.checkpointing != "off" else "nockpt"
         opt = self.optimizer.removeprefix("adamw-")
         pad = f"/{self.padding}" if self.padding else ""
         method = "" if self.method == "sft" else f"{self.method}/"
         return (f"{method}{self.label}/{tuning}/{self.precision}/{opt}/{self.attention}/{ckpt}/"
                 f"b{self.micro_batch}x{self.seq_len}{pad}")
+
+    @property
+    def ranked(self) -> bool:
+        return self.tuning in ("lora", "vera", "adalora", "loha")
 
     @property
     def profile(self) -> str:
@@ -47,7 +51,7 @@ class GridRow:
         knobs = {"engine": "single", "tuning": self.tuning, "precision": self.precision,
                  "optimizer": self.optimizer, "checkpointing": self.checkpointing, "attention": self.attention,
                  "micro_batch": self.micro_batch, "seq_len": self.seq_len, "padding": self.padding}
-        if self.tuning == "lora":
+        if self.ranked:
             knobs["lora_rank"] = self.lora_rank
         if self.method != "sft":
             knobs["method"] = self.method
@@ -169,8 +173,21 @@ def moe_grid() -> list[GridRow]:
     return rows
 
 
+# PEFT methods besides LoRA (data/adapters.toml), each with PEFT's default targets, autocast over fp32
+# adapters (bf16-mixed) and bf16 weights without autocast (bf16-pure)
+PEFT_METHODS = ("ia3", "vera", "adalora", "loha")
+PEFT_RUNS = (("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B", "off", "sdpa", (2, 1024)),
+             ("llama3.2-1b", "meta-llama/Llama-3.2-1B", "full", "eager", (1, 2048)),
+             ("mistral-7b", "mistralai/Mistral-7B-v0.1", "full", "sdpa", (2, 4096)))
+
+
+def peft_grid() -> list[GridRow]:
+    return [_row(label, name, method, ckpt, attn, shape) for method in PEFT_METHODS
+            for label, name, ckpt, attn, shape in PEFT_RUNS]
+
+
 def all_rows() -> list[GridRow]:
-    return grid() + moe_grid() + dpo_grid()
+    return grid() + moe_grid() + dpo_grid() + peft_grid()
 
 
 def is_moe(row: GridRow) -> bool:
@@ -178,7 +195,7 @@ def is_moe(row: GridRow) -> bool:
     return spec.is_moe
 
 
-GROUPS = {"dpo": lambda r: r.method != "sft", "moe": is_moe}  # group summaries printed beside the SFT grid's
+GROUPS = {"dpo": lambda r: r.method != "sft", "moe": is_moe, "peft": lambda r: r.tuning in PEFT_METHODS}  # group summaries printed beside the SFT grid's
 
 
 def quick_grid() -> list[GridRow]:

@@ -1,18 +1,20 @@
 """Load the model and GPU catalogs (TOML data files beside this module) and resolve names.
 
 A model name resolves by hub id or alias, case-insensitively, with or without the org; a path to a
-local `config.json` (or a folder holding one) of a supported architecture works too.
+local `config.json` (or a folder holding one) of a supported architecture works too, and so does a hub id the
+catalog does not list, read through huggingface_hub (hub.py) when the extra is installed.
 """
 from __future__ import annotations
 
 import difflib
 import json
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from pathlib import Path
 
 from memfit.errors import MemfitError
+from memfit.facts import hub
 
 HERE = Path(__file__).parent / "data"
 
@@ -91,6 +93,7 @@ class ModelSpec:
     attention_dropout: float = -1.0  # the attention-probability dropout; -1 = same as `dropout`
     learned_position_offset: int = 0  # extra rows of a learned position table (OPT: 2)
     assumed: tuple[str, ...] = ()  # facts guessed for a config.json of a family memfit does not know
+    hub_param_count: int | None = None  # parameters in the hub checkpoint's safetensors, where known (a check)
     linear_names: dict = field(default_factory=dict, compare=False, hash=False)
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -199,7 +202,7 @@ def _suggest(name: str, candidates) -> str:
 
 
 def find_model(name: str) -> ModelSpec:
-    """A catalog model by id/alias, or a local config.json / folder holding one."""
+    """A catalog model by id/alias, a local config.json / folder holding one, or a hub id the catalog lacks."""
     path = Path(name).expanduser()
     if path.is_dir() or path.suffix == ".json" or name.startswith((".", "/", "~")):
         return model_from_config_file(path)
@@ -210,7 +213,22 @@ def find_model(name: str) -> ModelSpec:
     tail = _norm(name.split("/")[-1])
     if tail in index:
         return index[tail]
+    if hub.looks_like_hub_id(name):
+        try:
+            return _hub_model(name.strip())
+        except hub.HubError as e:
+            raise MemfitError(f"unknown model {name!r}: not in the catalog; {e}{_suggest(name, index)}") from None
     raise MemfitError(f"unknown model {name!r}{_suggest(name, index)} (see `memfit models`, or pass a config.json)")
+
+
+@cache  # once per process; huggingface_hub's own cache keeps the file across processes
+def _hub_model(name: str) -> ModelSpec:
+    """A hub repo's config.json read like a local one (every family rule and assumption applies), named by its id."""
+    repo_id, revision = hub.split_id(name)
+    config = hub.config_path(repo_id, revision)
+    spec = model_from_config_file(config)
+    return replace(spec, id=name, config_source=f"hub {repo_id}@{config.parent.name}",
+                   hub_param_count=hub.param_count(repo_id, config))
 
 
 def find_gpu(name: str) -> GpuSpec:

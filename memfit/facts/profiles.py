@@ -6,6 +6,7 @@ and records each default it took, so the output can say which assumptions the es
 from __future__ import annotations
 
 from memfit.errors import MemfitError
+from memfit.facts.adapters import adapter_methods, method_info
 from memfit.facts.catalog import ModelSpec
 from memfit.facts.engines import ENGINES
 from memfit.facts.engines.deepspeed import hf_auto_buckets
@@ -106,4 +107,16 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
         values["kbit_upcast"] = upcast
     if values.get("tuning") in ("lora", "qlora") and "lora_rank" not in given:
         assumed.append("lora rank=8, targets=all-linear")
+    if values.get("tuning") in adapter_methods():
+        _peft_defaults(values, given, assumed)
     return Scenario(model=model, hardware=hardware, profile=profile_name, assumed=tuple(assumed), **values)
+
+
+def _peft_defaults(values: dict, given, assumed: list[str]) -> None:
+    """A PEFT method without targets adapts what PEFT itself picks for it (data/adapters.toml)."""
+    method = values["tuning"]
+    if "lora_targets" not in given:
+        values["lora_targets"] = tuple(method_info(method)["default_targets"])
+        assumed.append(f"{method} targets={','.join(values['lora_targets'])} (PEFT's default)")
+    if "lora_rank" not in given and method != "ia3":
+        assumed.append(f"{method} rank={values.get('lora_rank', 8)}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, make_dataclass, replace
 
 from memfit.errors import MemfitError
+from memfit.facts.adapters import adapter_methods, method_info, trains_adapters
 from memfit.facts.catalog import GpuSpec, ModelSpec
 from memfit.facts.engines import engine_of
 from memfit.facts.knobs import Knob, hardware, knobs
@@ -51,6 +52,16 @@ class _Rules:
         self._check_engine()
         self._check_deepspeed()
         self._check_combinations()
+        self._check_adapters()
+
+    def _check_adapters(self) -> None:
+        """PEFT methods other than LoRA take what their config classes take (data/adapters.toml)."""
+        if self.tuning not in adapter_methods():
+            return
+        _require(not self.dora, f"DoRA is a LoRA option; --tuning {self.tuning} has none (use --tuning lora --dora)")
+        _require(self.lora_dropout == 0 or method_info(self.tuning).get("dropout", False),
+                 f"--tuning {self.tuning} has no input dropout (PEFT {method_info(self.tuning)['peft']}); "
+                 "leave --lora-dropout at 0")
 
     def _check_engine(self) -> None:
         stage, strategy = knobs()["zero_stage"], knobs()["fsdp_strategy"]
@@ -104,7 +115,7 @@ class _Rules:
 
     @property
     def uses_adapters(self) -> bool:
-        return self.tuning in ("lora", "qlora")
+        return trains_adapters(self.tuning)
 
     @property
     def compute_bytes(self) -> int:

@@ -19,11 +19,12 @@ def build_model(scenario: Scenario, device: str = "cpu", init_context=None, mode
     """(model the loop calls, autocast dtype or None, notes). `init_context` wraps construction
     (deepspeed.zero.Init for ZeRO-3)."""
     from memfit.trace import build as tb
+    from memfit.trace.peft import apply_peft
 
     if model_dir is not None:
         with init_context or contextlib.nullcontext():
             return _from_pretrained(scenario, model_dir, device, tb)
-    if init_context is None or scenario.tuning != "lora":
+    if init_context is None or not _peft_on_plain_weights(scenario):
         with init_context or contextlib.nullcontext():
             built = tb.build_model(scenario, device=device)
         return built.model, built.autocast_dtype, built.notes
@@ -31,10 +32,15 @@ def build_model(scenario: Scenario, device: str = "cpu", init_context=None, mode
     # the context, as a training script does (adapters made inside it come out with 0 elements).
     with init_context:
         built = tb.build_model(scenario.with_changes(tuning="full", lora=None), device=device)
-    model = tb.apply_lora(built.hf_model, scenario, built.family)
+    model = apply_peft(built.hf_model, scenario, built.family)
     model.train()
     tb.set_dtypes(model, scenario)
     return model, built.autocast_dtype, built.notes
+
+
+def _peft_on_plain_weights(scenario: Scenario) -> bool:
+    """PEFT adapters over a 16-bit base (QLoRA's 4-bit base is not measured)."""
+    return scenario.uses_adapters and scenario.tuning != "qlora"
 
 
 def _from_pretrained(scenario: Scenario, model_dir: str, device: str, tb):
@@ -49,8 +55,10 @@ def _from_pretrained(scenario: Scenario, model_dir: str, device: str, tb):
     hf_model.config.use_cache = False
     hf_model.train()
     model = hf_model
-    if scenario.tuning == "lora":
-        model = tb.apply_lora(hf_model, scenario, hf_model.config.model_type)
+    if _peft_on_plain_weights(scenario):
+        from memfit.trace.peft import apply_peft
+
+        model = apply_peft(hf_model, scenario, hf_model.config.model_type)
         model.train()
     else:
         tb.set_trainable(model, hf_model, scenario)

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memfit.facts.adapters import adapter_methods, bytes_of, facts_for, setup_name
 from memfit.facts.catalog import activation_saved, activation_saves_output
 from memfit.facts.engines import engine_of
 from memfit.facts.recompute import Recompute
-from memfit.memory.inventory import ParamTensor
+from memfit.memory.inventory import ParamTensor, feedforward
 from memfit.facts.scenario import Scenario
 
 LIGER_CHUNK_ROUND = 2  # chunk rows are rounded to a power of two: at most 2x n_tok*h logits per chunk
@@ -100,11 +101,49 @@ def _adapted(s: Scenario, adapters: list[ParamTensor]) -> dict[str, tuple[int, f
     layers = max(s.model.num_layers, 1)
     out: dict[str, tuple[int, float]] = {}
     for t in adapters:
-        if t.name.endswith("lora_A") and t.per_layer:
+        if t.name.endswith(("lora_A", ".adapter")) and t.per_layer:
             share = s.model.experts_per_token / s.model.num_experts if ".experts." in t.name else 1.0
-            rank, count = out.get(t.module, (t.out_features, 0.0))
-            out[t.module] = (rank, count + share * t.count / layers)
+            rank = t.out_features if t.name.endswith("lora_A") else s.lora_rank
+            out[t.module] = (rank, out.get(t.module, (rank, 0.0))[1] + share * t.count / layers)
     return out
+
+
+def _peft_facts(s: Scenario, module: str) -> dict:
+    setup = setup_name(s.precision, s.runs_autocast, s.adapter_bytes)
+    return facts_for(s.tuning, setup, feedforward(s.model, s.tuning, module))
+
+
+def _peft_widths(s: Scenario, adapters: list[ParamTensor]) -> dict[str, dict[str, int]]:
+    return {t.module: {"I": t.in_features, "O": t.out_features, "R": s.lora_rank}
+            for t in adapters if t.name.endswith(".adapter")}
+
+
+def _peft_per_token(s: Scenario, module: str, sizes: dict[str, int], width: int) -> tuple[int, bool]:
+    """A PEFT method's saved bytes per token of one adapted Linear (data/peft.toml), and whether one of its
+    saved tensors is the Linear's input itself; plus a bool dropout mask when the method drops its input."""
+    facts = _peft_facts(s, module)
+    mask = width if s.lora_dropout > 0 else 0
+    return bytes_of(facts["saved"], sizes, per_token=True) + mask, facts["saves_input"]
+
+
+def _peft_fixed(s: Scenario, adapters: list[ParamTensor]) -> int:
+    """Bytes per decoder layer a PEFT method saves whatever the tokens: weight-sized deltas (LoHa), the
+    autocast copies of its adapter weights."""
+    if s.tuning not in adapter_methods():
+        return 0
+    widths = _peft_widths(s, adapters)
+    return int(sum(count * bytes_of(_peft_facts(s, mod)["saved"], widths[mod], per_token=False)
+                   for mod, (_, count) in _adapted(s, adapters).items()))
+
+
+def _peft_backward(s: Scenario, adapters: list[ParamTensor]) -> int:
+    """Weight-sized temporaries while the widest adapted Linear runs its backward (LoHa rebuilds its delta's
+    factors there; data/peft.toml backward_weights)."""
+    if s.tuning not in adapter_methods():
+        return 0
+    widths = _peft_widths(s, adapters)
+    return int(max((_peft_facts(s, mod)["backward_weights"] * w["I"] * w["O"] * s.adapter_bytes
+                    for mod, w in widths.items()), default=0))
 
 
 def _group_inputs(s: Scenario, b: int, rb: int, adapters: list[ParamTensor]) -> tuple[int, int]:
@@ -116,6 +155,7 @@ def _group_inputs(s: Scenario, b: int, rb: int, adapters: list[ParamTensor]) -> 
     it back: each such adapter saves a private copy. A frozen, unadapted Linear saves nothing."""
     m = s.model
     adapted = _adapted(s, adapters)
+    peft = _peft_widths(s, adapters)
     ab = s.adapter_bytes
     trainable_base = s.tuning in ("full", "freeze")
     # old bitsandbytes MatMul4Bit kept its input A on ctx for every 4-bit Linear, frozen or not
@@ -137,6 +177,11 @@ def _group_inputs(s: Scenario, b: int, rb: int, adapters: list[ParamTensor]) -> 
             if mod not in adapted:
                 continue
             rank, count = adapted[mod]
+            if mod in peft:
+                saved, reads_input = _peft_per_token(s, mod, peft[mod], width)
+                cost += count * saved
+                shared = shared or reads_input
+                continue
             cost += count * rank * (b if autocast else ab)
             if s.lora_dropout > 0:
                 cost += count * width  # bool mask
@@ -218,7 +263,7 @@ def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
     rows, t = s.micro_batch, s.seq_len
     _, per_key_saved, per_key_transient = attention_per_token(s, b)
     layer_saved = n * _layer_per_token(s, b, rb, adapters) + rows * t * t * per_key_saved
-    layer_saved += _expert_lora_deltas(s, b, adapters)
+    layer_saved += _expert_lora_deltas(s, b, adapters) + _peft_fixed(s, adapters)
     masks = 0
     if s.attention == "eager":
         masks = rows * t * t * b  # 4D float mask (masking_utils eager_mask)
@@ -242,7 +287,7 @@ def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
         layer_forward_transient=n * b * max(4 * h, 2 * m.intermediate_size) + rows * t * t * per_key_transient,
         # eager backward: the fp32 softmax gradient outlives the saved probabilities it replaces
         layer_backward_transient=n * b * (3 * m.intermediate_size + 2 * h)
-        + rows * t * t * (4 * m.num_heads if s.attention == "eager" else 0),
+        + rows * t * t * (4 * m.num_heads if s.attention == "eager" else 0) + _peft_backward(s, adapters),
         logits_forward_peak=logits_fwd,
         logits_saved=logits_saved,
         logits_backward_peak=logits_bwd,

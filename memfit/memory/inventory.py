@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from memfit.facts.catalog import ModelSpec
 from memfit.errors import MemfitError
+from memfit.facts.adapters import adapter_methods, elements_of, facts_for, method_info
+from memfit.facts.catalog import ModelSpec
 
 # Which roles a Linear computes and its (in, out) widths; fused modules sum the outputs.
 ATTENTION_ROLES = ("q", "k", "v", "o")
@@ -20,7 +21,7 @@ class ParamTensor:
     name: str
     numel: int
     count: int = 1  # identical tensors, e.g. one per decoder layer
-    kind: str = "linear"  # linear | bias | norm | embedding | lm_head | router | lora
+    kind: str = "linear"  # linear | bias | norm | embedding | lm_head | router | lora (any PEFT adapter)
     module: str = ""  # the module the tensor belongs to (LoRA target names refer to it)
     in_features: int = 0
     out_features: int = 0
@@ -195,6 +196,34 @@ def lora_tensors(model: ModelSpec, tensors: list[ParamTensor], rank: int, target
     return adapters
 
 
+def feedforward(model: ModelSpec, method: str, module: str) -> bool:
+    """IA3 scales the input of the MLP's output Linear, the output of the others (PEFT feedforward_modules)."""
+    roles = method_info(method).get("feedforward_roles", [])
+    return bool(roles) and set(model.linear_names.get(module, [])) <= set(roles)
+
+
+def peft_tensors(model: ModelSpec, tensors: list[ParamTensor], method: str, rank: int,
+                 targets: tuple[str, ...]) -> list[ParamTensor]:
+    """Another PEFT method: per adapted Linear the trainable tensors of data/peft.toml, named `<linear>.adapter`
+    with the Linear's widths; its frozen tensors once per model when the method shares them (VeRA).
+    transformers' fused MoE experts are not nn.Linear modules, so PEFT leaves them alone."""
+    adapted = [t for t in tensors if ".experts." not in t.name and _targeted(t, targets, model)]
+    if not adapted:
+        valid = sorted(set(model.linear_names) | {"all-linear"})
+        raise MemfitError(f"{method} targets {list(targets)} match no module of {model.id}; valid: {', '.join(valid)}")
+    out = []
+    for t in adapted:
+        facts = facts_for(method, "fp32", feedforward(model, method, t.module))
+        sizes = {"I": t.in_features, "O": t.out_features, "R": rank}
+        out.append(ParamTensor(f"{t.name}.adapter", elements_of(facts["trainable"], sizes), t.count, "lora", t.module,
+                               t.in_features, t.out_features, t.per_layer))
+    if method_info(method).get("shared_frozen"):
+        widest = {"I": max(t.in_features for t in adapted), "O": max(t.out_features for t in adapted), "R": rank}
+        out.append(ParamTensor(f"{method}.shared", elements_of(facts_for(method, "fp32")["frozen"], widest), 1, "lora",
+                               method, trainable=False))
+    return out
+
+
 def _freeze_split(tensors: list[ParamTensor], model: ModelSpec, trainable_layers: int) -> list[ParamTensor]:
     """Freeze tuning (LLaMA-Factory): only the last `trainable_layers` decoder layers train."""
     if not 0 < trainable_layers <= model.num_layers:
@@ -221,6 +250,8 @@ def tuned_tensors(model: ModelSpec, tuning: str, rank: int = 8, targets: tuple[s
     quantize = tuning == "qlora" or model.quantization is not None
     frozen = [replace(t, trainable=False, quantized=quantize and t.kind == "linear" and t.per_layer)
               for t in tensors]
+    if tuning in adapter_methods():
+        return frozen + peft_tensors(model, tensors, tuning, rank, targets)
     return frozen + lora_tensors(model, tensors, rank, targets, dora)
 
 

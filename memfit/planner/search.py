@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from memfit.errors import MemfitError
 from memfit.facts import methods
+from memfit.facts.adapters import trains_adapters
 from memfit.facts.engines import Sharding
 from memfit.facts.scenario import Scenario
 from memfit.memory.phases import verdict_of
@@ -201,7 +202,7 @@ class Search:
 def family(k: StateKnobs) -> tuple:
     """Rows are one per approach: tuning, how the weights are laid out, what is offloaded. Optimizer,
     pin_memory and ratio variants of one approach compete for its row."""
-    adapters = k.tuning in ("lora", "qlora")
+    adapters = trains_adapters(k.tuning)
     if k.sharding.level == Sharding.NONE:
         layout = "replicated"
     elif adapters:  # adapter states are tiny: only sharding the frozen weights makes a difference

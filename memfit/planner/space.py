@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from memfit.errors import MemfitError
+from memfit.facts.adapters import trains_adapters
 from memfit.facts.engines import Sharding
 from memfit.facts.frameworks import frameworks
 from memfit.facts.recompute import MODES, Recompute
@@ -72,7 +73,7 @@ def state_options(base: Scenario, bk: StateKnobs, opts: dict, allow: set[str],
         shardings += [Layout("fsdp", fsdp_strategy=x) for x in opts["fsdp"]]
     out = []
     for tuning in tunings:
-        adapters = tuning in ("lora", "qlora")
+        adapters = trains_adapters(tuning)
         for sharding in unique(shardings):
             if adapters and sharding.level in ADAPTER_SKIP_LEVELS and sharding != bk.sharding:
                 continue

@@ -8,8 +8,10 @@ top-level profiles are the worst GPU group's; a single-model run is one role in 
 """
 from __future__ import annotations
 
+from memfit.facts.catalog import ModelSpec
 from memfit.facts.methods import framework_facts, method_facts, several_models
 from memfit.facts.scenario import Scenario
+from memfit.memory.inventory import count_params
 from memfit.memory.phases import verdict_of
 from memfit.roles import one_process, ray
 from memfit.roles.result import Estimate
@@ -29,7 +31,7 @@ def estimate(s: Scenario) -> Estimate:
         margin_bytes=worst.margin_bytes, host_margin_bytes=host_margin, roles=placement.roles,
         groups=placement.groups, worst_group=worst.name, drivers=placement.drivers,
         gpus_needed=placement.gpus_needed,
-        assumptions=_method_assumptions(s) + list(s.assumed) + notes + placement.notes)
+        assumptions=_method_assumptions(s) + _model_assumptions(s.model) + list(s.assumed) + notes + placement.notes)
 
 
 def _method_assumptions(s: Scenario) -> list[str]:
@@ -39,3 +41,16 @@ def _method_assumptions(s: Scenario) -> list[str]:
     fw = framework_facts(s.profile)
     return [f"method {s.method}: {method_facts(s.method)['description']}", f"framework facts: {fw['source']}",
             f"log-probs computed as '{fw['logits']}' (data/methods.toml); the --loss setting does not apply"]
+
+
+def _model_assumptions(model: ModelSpec) -> list[str]:
+    """What memfit guessed reading the model's config.json, and a checkpoint whose parameter count is not memfit's."""
+    notes = list(model.assumed)
+    # a quantized checkpoint stores packed integers and scales: its element count is not a parameter count
+    if model.hub_param_count is not None and model.quantization is None:
+        ours = count_params(model)
+        if ours != model.hub_param_count:
+            notes.append(f"parameters: {ours:,} counted from config.json, but the checkpoint's safetensors hold "
+                         f"{model.hub_param_count:,} ({model.hub_param_count / ours - 1:+.1%}); the estimate uses "
+                         f"memfit's count (a tied lm_head saved anyway or a vision tower explain some differences)")
+    return notes

@@ -29,6 +29,7 @@ import torch
 from memfit.facts.catalog import ModelSpec, architectures
 from memfit.errors import MemfitError
 from memfit.facts.scenario import Scenario
+from memfit.trace.peft import apply_peft, is_adapter
 
 # Hub remote-code families -> the transformers-native family with the same parameter shapes.
 SUBSTITUTES = {
@@ -245,44 +246,6 @@ def dtypes_for(scenario: Scenario) -> tuple[torch.dtype, torch.dtype, torch.dtyp
     return compute, trainable, adapters
 
 
-# ---------------------------------------------------------------------------------------------- LoRA
-def lora_target_modules(spec: ModelSpec, built_family: str, targets: tuple[str, ...]) -> list[str] | str:
-    """PEFT `target_modules` for the scenario's targets (module names, roles, or "all-linear")."""
-    if "all-linear" in targets:
-        return "all-linear"
-    built_names = architectures().get(built_family, {}).get("linear_names") or spec.linear_names
-    own_names = spec.linear_names or built_names
-    roles: set[str] = set()
-    names: list[str] = []
-    for target in targets:
-        if target in own_names:  # a module name of the catalog family: translate via its roles
-            roles.update(own_names[target])
-        elif target in built_names or target == "lm_head":
-            names.append(target)
-        else:
-            roles.add(target)
-    names += [name for name, name_roles in built_names.items() if roles & set(name_roles)]
-    if not names:
-        raise MemfitError(f"LoRA targets {list(targets)} match no linear layer of {spec.id} "
-                          f"(modules: {', '.join(built_names)}; roles: q k v o gate up down fc proj)")
-    return sorted(set(names))
-
-
-def apply_lora(model, scenario: Scenario, family: str):
-    from peft import LoraConfig, get_peft_model
-
-    s = scenario
-    config = LoraConfig(
-        r=s.lora_rank,
-        lora_alpha=s.lora_alpha if s.lora_alpha is not None else 2 * s.lora_rank,
-        lora_dropout=s.lora_dropout,
-        target_modules=lora_target_modules(s.model, family, s.lora_targets),
-        use_dora=s.dora,
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, config)
-
-
 def _decoder_layers(hf_model) -> torch.nn.ModuleList:
     from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -310,14 +273,16 @@ def set_trainable(model, hf_model, scenario: Scenario) -> None:
 def set_dtypes(model, scenario: Scenario) -> None:
     frozen, trainable, adapters = dtypes_for(scenario)
     for name, p in model.named_parameters():
-        if "lora_" in name:
+        if is_adapter(name, scenario):
             dtype = adapters
         else:
             dtype = trainable if p.requires_grad else frozen
         if p.dtype != dtype and p.is_floating_point():
             p.data = p.data.to(dtype)
     for name, b in model.named_buffers():
-        if b.is_floating_point() and b.dtype not in (torch.float32, frozen) and "inv_freq" not in name:
+        if is_adapter(name, scenario) and b.is_floating_point():  # VeRA's projections: with the adapters
+            b.data = b.data.to(adapters)
+        elif b.is_floating_point() and b.dtype not in (torch.float32, frozen) and "inv_freq" not in name:
             b.data = b.data.to(frozen)
 
 
@@ -421,10 +386,10 @@ def build_model(scenario: Scenario, device: str | torch.device = "meta", fake_mo
         hf_logging.set_verbosity(verbosity)
     hf_model.train()
     model = hf_model
-    if scenario.tuning in ("lora", "qlora"):
+    if scenario.uses_adapters:
         with build_on, warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # PEFT asks transformers v5's deprecated GC property
-            model = apply_lora(hf_model, scenario, family)
+            model = apply_peft(hf_model, scenario, family)
         model.train()
     else:
         set_trainable(model, hf_model, scenario)

@@ -2,7 +2,6 @@
 that matter searched (attention, ZeRO stage, offload, reference / reward offload, vLLM memory and sleep,
 DeepSpeed sleep, micro-batch, checkpointing), and each usual fix shown with what it saves."""
 import time
-from dataclasses import replace
 
 from memfit.roles.estimate import estimate
 from memfit.planner.knobs import ZERO3

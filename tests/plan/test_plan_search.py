@@ -1,6 +1,5 @@
 """memfit plan (memfit/planner/): only fitting configurations, the global batch kept, `allow` and the frameworks'
 constraints respected, the user reports' fixes found, each change measured."""
-from dataclasses import replace
 
 import pytest
 

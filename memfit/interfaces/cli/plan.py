@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from memfit.errors import MemfitError
 from memfit.interfaces.cli.args import add_scenario_arguments, positive_int, scenario_from_args
 
 GiB = 2**30
@@ -28,12 +29,21 @@ def add_plan_command(subparsers) -> None:
     p.add_argument("--no-resume", action="store_true",
                    help="the run never resumes from a checkpoint: judge host RAM without the resume phase")
     p.add_argument("--json", action="store_true", help="print a JSON document instead of tables")
+    limits = p.add_mutually_exclusive_group()
+    limits.add_argument("--max-seq", action="store_true",
+                        help="instead of plans: the longest sequence that fits, everything else fixed (no --gpu: "
+                             "one row per catalog GPU)")
+    limits.add_argument("--max-batch", action="store_true",
+                        help="instead of plans: the largest micro-batch that fits, everything else fixed (no --gpu: "
+                             "one row per catalog GPU)")
     p.set_defaults(run=run_plan)
 
 
 def run_plan(a: argparse.Namespace) -> int:
     from memfit.planner.plan import Options, baseline, closest_miss, plan
 
+    if a.max_seq or a.max_batch:
+        return run_limits(a)
     base = scenario_from_args(a)
     allow = {x.strip() for x in a.allow.split(",") if x.strip()}
     options = Options(code_edits=not a.no_code_edits, resume=not a.no_resume)
@@ -45,6 +55,37 @@ def run_plan(a: argparse.Namespace) -> int:
     else:
         print_plan(start, rows, miss, allow, options)
     return 0
+
+
+def run_limits(a: argparse.Namespace) -> int:
+    """--max-seq / --max-batch: the limit on the GPU given, or on every GPU of the catalog."""
+    from memfit.facts.catalog import gpus
+    from memfit.interfaces.render.limits import limits_json, print_limits
+    from memfit.planner.limits import limit, limits_per_gpu
+
+    flag = "--max-seq" if a.max_seq else "--max-batch"
+    if a.global_batch or a.allow:
+        raise MemfitError(f"{flag} keeps every other knob as given; leave out --global-batch and --allow")
+    knob = "seq_len" if a.max_seq else "micro_batch"
+    gpu_given = bool(a.gpu or a.gpu_mem)
+    s = scenario_from_args(a if gpu_given else _on_stand_in_gpu(a))
+    resume = not a.no_resume
+    rows = [limit(s, knob, resume=resume)] if gpu_given else limits_per_gpu(s, knob, gpus(), resume)
+    if a.json:
+        print(json.dumps(limits_json(s, knob, rows, gpu_given, resume), indent=2))
+    else:
+        print_limits(s, knob, rows, gpu_given)
+    return 0
+
+
+def _on_stand_in_gpu(a: argparse.Namespace) -> argparse.Namespace:
+    """The arguments with a catalog GPU filled in: the scenario is built once (the knobs and the framework's
+    defaults do not depend on the GPU kind) and then moved to each GPU, whose own rules judge the knobs again.
+    The newest compute capability refuses the fewest knobs (flash attention and bf16 need Ampere)."""
+    from memfit.facts.catalog import gpus
+
+    newest = max(gpus(), key=lambda g: g.compute_capability)
+    return argparse.Namespace(**{**vars(a), "gpu": newest.id})
 
 
 def plan_json(start, rows, miss, options=None) -> dict:

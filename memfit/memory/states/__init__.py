@@ -2,6 +2,7 @@
 per engine: plain.py (one GPU, DDP), deepspeed.py (ZeRO 0-3, offload, ratio), fsdp.py (FSDP2)."""
 from __future__ import annotations
 
+from memfit.facts.adapters import adapter_methods, method_info
 from memfit.memory.inventory import ParamTensor
 from memfit.memory.states import deepspeed, fsdp, plain
 from memfit.memory.states.common import HostBuffer, ModelStates, trainable_dtype_bytes
@@ -12,7 +13,14 @@ __all__ = ["HostBuffer", "ModelStates", "frozen_copy", "model_states", "trainabl
 
 
 def model_states(s, tensors: list[ParamTensor]) -> ModelStates:
-    return BY_ENGINE[s.engine].states(s, tensors)
+    ms = BY_ENGINE[s.engine].states(s, tensors)
+    copies = method_info(s.tuning).get("state_copies", 0) if s.tuning in adapter_methods() else 0
+    if copies:
+        # AdaLoRA's rank allocator keeps full-size importance scores of every adapter tensor once the training
+        # loop calls update_and_allocate (trainers do not; the scripts PEFT documents do): counted, to err high
+        ms.optimizer += copies * sum(t.total for t in tensors if t.trainable) * s.adapter_bytes
+        ms.notes.append(f"{s.tuning}: {copies} importance copies of the adapters (RankAllocator, update_and_allocate)")
+    return ms
 
 
 def frozen_copy(s, tensors: list[ParamTensor], offload: bool) -> tuple[str, int, int, int, list[str]]:

@@ -88,7 +88,10 @@ def quantized_bytes(s) -> float:
 def frozen_bytes(s, tensors: list[ParamTensor]) -> float:
     """Bytes of frozen weights: 4-bit storage for quantized linears, compute dtype for the rest."""
     frozen_dtype = 4 if s.precision == "fp32" or s.kbit_upcast and s.tuning == "qlora" else s.compute_bytes
-    return sum(t.total * (quantized_bytes(s) if t.quantized else frozen_dtype) for t in tensors if not t.trainable)
+
+    def dtype(t: ParamTensor) -> float:  # a frozen adapter tensor (VeRA's projections) has the adapters' dtype
+        return quantized_bytes(s) if t.quantized else s.adapter_bytes if t.kind == "lora" else frozen_dtype
+    return sum(t.total * dtype(t) for t in tensors if not t.trainable)
 
 
 def trainable_dtype_bytes(s, t: ParamTensor) -> int:

@@ -12,6 +12,8 @@ DDP_BUCKET_COPY = True
 def _fp32_under_autocast(s, t: ParamTensor) -> bool:
     if t.kind not in ("linear", "lm_head", "lora") or t.quantized:
         return False
+    if t.kind == "lora" and s.tuning not in ("lora", "qlora"):
+        return False  # other PEFT methods: the casts they save are in their layer facts (data/peft.toml)
     if t.trainable:
         return trainable_dtype_bytes(s, t) == 4
     return s.tuning == "qlora" and s.kbit_upcast and t.kind == "lm_head"  # PEFT's kbit upcast

@@ -1,0 +1,111 @@
+"""PEFT adapters on the built model: LoRA / DoRA / QLoRA and the other methods of data/adapters.toml, built
+with PEFT's own config classes so the trace runs PEFT's own layers."""
+from __future__ import annotations
+
+from memfit.errors import MemfitError
+from memfit.facts.adapters import adapter_methods, method_info
+from memfit.facts.catalog import ModelSpec, architectures
+from memfit.facts.scenario import Scenario
+
+# parameter and buffer names PEFT gives each method's tensors (peft/tuners/*/layer.py adapter_layer_names,
+# other_param_names): they take the adapters' dtype
+ADAPTER_PREFIXES = ("lora_", "ia3_", "vera_", "hada_")
+
+
+def is_adapter(name: str, scenario: Scenario) -> bool:
+    return scenario.uses_adapters and any(prefix in name for prefix in ADAPTER_PREFIXES)
+
+
+def lora_target_modules(spec: ModelSpec, built_family: str, targets: tuple[str, ...]) -> list[str] | str:
+    """PEFT `target_modules` for the scenario's targets (module names, roles, or "all-linear")."""
+    if "all-linear" in targets:
+        return "all-linear"
+    built_names = architectures().get(built_family, {}).get("linear_names") or spec.linear_names
+    own_names = spec.linear_names or built_names
+    roles: set[str] = set()
+    names: list[str] = []
+    for target in targets:
+        if target in own_names:  # a module name of the catalog family: translate via its roles
+            roles.update(own_names[target])
+        elif target in built_names or target == "lm_head":
+            names.append(target)
+        else:
+            roles.add(target)
+    names += [name for name, name_roles in built_names.items() if roles & set(name_roles)]
+    if not names:
+        raise MemfitError(f"LoRA targets {list(targets)} match no linear layer of {spec.id} "
+                          f"(modules: {', '.join(built_names)}; roles: q k v o gate up down fc proj)")
+    return sorted(set(names))
+
+
+def apply_lora(model, scenario: Scenario, family: str):
+    from peft import LoraConfig, get_peft_model
+
+    s = scenario
+    config = LoraConfig(
+        r=s.lora_rank,
+        lora_alpha=s.lora_alpha if s.lora_alpha is not None else 2 * s.lora_rank,
+        lora_dropout=s.lora_dropout,
+        target_modules=lora_target_modules(s.model, family, s.lora_targets),
+        use_dora=s.dora,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+
+
+def _names(spec: ModelSpec, built_family: str, targets: tuple[str, ...]) -> list[str]:
+    """Module names of the built model for the targets, "all-linear" spelled out (IA3 must name its
+    feedforward modules among them)."""
+    built = architectures().get(built_family, {}).get("linear_names") or spec.linear_names
+    found = lora_target_modules(spec, built_family, targets)
+    return sorted(built) if found == "all-linear" else found
+
+
+def _config(s: Scenario, family: str):
+    import peft
+
+    info = method_info(s.tuning)
+    names = _names(s.model, family, s.lora_targets)
+    common = {"target_modules": names, "task_type": "CAUSAL_LM"}
+    if s.tuning == "ia3":
+        built = architectures().get(family, {}).get("linear_names") or s.model.linear_names
+        ff = [n for n in names if set(built.get(n, [])) <= set(info["feedforward_roles"])]
+        return peft.IA3Config(feedforward_modules=ff, **common)
+    if s.tuning == "adalora":  # PEFT requires the schedule's length; it does not change memory
+        return peft.AdaLoraConfig(init_r=s.lora_rank, target_r=max(1, s.lora_rank // 2), total_step=1000,
+                                  lora_dropout=s.lora_dropout, **common)
+    if s.tuning == "vera":
+        return peft.VeraConfig(r=s.lora_rank, vera_dropout=s.lora_dropout, **common)
+    return getattr(peft, info["peft"])(r=s.lora_rank, **common)
+
+
+def apply_peft(model, scenario: Scenario, family: str):
+    """The scenario's PEFT method on the built model."""
+    from peft import get_peft_model
+
+    if scenario.tuning not in adapter_methods():
+        return apply_lora(model, scenario, family)
+    model = get_peft_model(model, _config(scenario, family))
+    if scenario.tuning == "loha":
+        _always_keep_modules(model)
+    return model
+
+
+class _AlwaysKept:
+    """A module_dropout of 0 that a fake tensor can be compared with: LoHa draws `torch.rand(1) > p` each
+    forward to skip the adapter, and a fake tensor has no value to branch on. With p = 0 the draw always
+    keeps the adapter; `rand > _AlwaysKept()` falls back to this __lt__ and says so without a value."""
+
+    def __lt__(self, other) -> bool:
+        return True
+
+
+def _always_keep_modules(model) -> None:
+    for module in model.modules():
+        drops = getattr(module, "module_dropout", None)
+        if isinstance(drops, dict):
+            for name, p in drops.items():
+                if p == 0:
+                    drops[name] = _AlwaysKept()

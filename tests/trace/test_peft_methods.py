@@ -1,0 +1,99 @@
+"""PEFT methods besides LoRA: their facts come from PEFT's own layers, and the estimate agrees with the trace of
+the real model wrapped by PEFT."""
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+from memfit.errors import MemfitError  # noqa: E402
+from memfit.facts.adapters import adapter_methods, layer_facts  # noqa: E402
+from memfit.facts.catalog import find_gpu, find_model  # noqa: E402
+from memfit.facts.profiles import build_scenario  # noqa: E402
+from memfit.facts.scenario import Hardware  # noqa: E402
+from memfit.roles.estimate import estimate  # noqa: E402
+from memfit.trace import peft_facts  # noqa: E402
+
+COMPARED = ("weights", "gradients", "optimizer_states", "activations", "logits_loss")
+
+
+def _scenario(tuning: str, model: str = "qwen2.5-0.5b", profile: str = "hf-trainer", **knobs):
+    given = {"tuning": tuning, "micro_batch": 1, "seq_len": 512} | knobs
+    return build_scenario(find_model(model), Hardware(find_gpu("a100-80gb")), given, profile)
+
+
+def test_shipped_facts_are_what_the_installed_peft_does():
+    import peft
+
+    assert layer_facts()["peft"] == peft.__version__, "re-derive: python -m memfit.trace.peft_facts"
+    assert peft_facts.render(peft_facts.derive()) == peft_facts.OUT.read_text()
+
+
+def test_sizes_are_read_back_as_products_of_named_widths():
+    s = peft_facts.SIZES
+    assert peft_facts.monomial(s["T"] * s["I"], s) == "T*I"
+    assert peft_facts.monomial(s["I"] * s["O"], s) == "I*O"
+    assert peft_facts.monomial(2 * s["R"], s) == "2*R"
+    assert peft_facts.monomial(1, s) == "1"
+
+
+@pytest.mark.parametrize("method", adapter_methods())
+def test_trainable_parameters_equal_peft_on_the_built_model(method):
+    from memfit.trace.build import build_model
+
+    s = _scenario(method, lora_rank=16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        built = build_model(s)  # on the meta device: PEFT's real layers, no memory
+    real = sum(p.numel() for p in built.model.parameters() if p.requires_grad)
+    assert estimate(s).trainable_params == real
+
+
+def _peak(profile) -> int:
+    return max(sum(b.get(c) for c in COMPARED) for b in profile.phases.values())
+
+
+@pytest.mark.parametrize("method", adapter_methods())
+@pytest.mark.parametrize("knobs", [
+    dict(),  # hf-trainer: autocast over fp32 adapters
+    dict(profile="peft-loop", adapter_dtype="bf16", checkpointing="full", micro_batch=2, seq_len=1024),
+    dict(profile="peft-loop", attention="eager"),  # bf16 weights, fp32 adapters, no autocast
+], ids=["autocast", "bf16-ckpt", "fp32-adapters-eager"])
+def test_estimate_within_3_percent_of_the_trace(method, knobs):
+    from memfit.trace.run import run_trace
+
+    if knobs.get("lora_dropout") is None and method in ("vera", "adalora") and knobs.get("checkpointing"):
+        knobs = knobs | {"lora_dropout": 0.1}  # the dropout mask these methods keep per adapted input
+    s = _scenario(method, **knobs)
+    est, traced = _peak(estimate(s).allocated), _peak(run_trace(s).profile)
+    assert abs(est - traced) / traced <= 0.03, (method, est, traced)
+
+
+def test_ia3_scales_the_mlp_input_and_the_others_outputs():
+    s = _scenario("ia3")
+    assert s.lora_targets == ("k", "v", "down", "proj")
+    assert any("PEFT's default" in a for a in s.assumed)
+    # k, v: a vector as wide as their output; down: as wide as its input (the MLP intermediate)
+    m = s.model
+    kv = m.num_kv_heads * m.head_dim
+    assert estimate(s).trainable_params == m.num_layers * (2 * kv + m.intermediate_size)
+
+
+@pytest.mark.parametrize("knobs, words", [
+    (dict(tuning="ia3", dora=True), "DoRA is a LoRA option"),
+    (dict(tuning="loha", lora_dropout=0.1), "no input dropout"),
+    (dict(tuning="ia3", lora_targets=("nonexistent",)), "match no module"),
+])
+def test_options_a_method_does_not_have_are_refused(knobs, words):
+    with pytest.raises(MemfitError, match=words):
+        estimate(_scenario(**knobs))
+
+
+def test_cli_estimates_a_peft_method_and_lists_its_default_targets():
+    out = subprocess.run([sys.executable, "-m", "memfit.interfaces.cli.main", "estimate", "Qwen/Qwen2.5-0.5B", "--gpu", "a100-80gb",
+                          "--tuning", "vera", "--seq", "512"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "vera targets=q,v" in out.stdout
