@@ -33,10 +33,22 @@ Peers (each run through its own code, offline, from our catalog config):
   when checkpointing is on, ZeRO stage and dp size from the engine, Adam states; bf16-pure as
   master_weights_dtype_bytes=2 and other_op_bytes=4 (bf16 master, m, v), mixed as its defaults (4, 8).
   We report "(weight+op_state+grad+act)_memory_per_gpu".
+- fitcheck: fitcheck-llm 0.3.1 (`pip install -e ".[peers]"`, no torch), its `estimate` on the config.json
+  transformers writes for our catalog model, the hub calls of its config reader answered locally
+  (bench/peer_fitcheck.py says how, and how each knob maps). One GPU; full, LoRA and QLoRA (nf4); its
+  total includes its CUDA-context and fragmentation overhead. It refuses MoE and multimodal configs,
+  configs without Llama-style keys and models its parameter formula misses by > 2%: those rows say why.
 
-A peer "applies" to full fine-tuning without offload it models; LoRA/QLoRA rows get the peer's number
-for the whole model (what a user would read off it) but are marked "n/a" and left out of the
-applicable median; the summary also gives the median over every row with a number.
+A peer "applies" to the rows it models: for deepspeed, accelerate and llm-analysis full fine-tuning
+(llm-analysis: without offload); for fitcheck one GPU, full/LoRA/QLoRA, a standard loss and full or no
+checkpointing. Other rows get the peer's number (what a user would read off it) but are marked "n/a"
+and left out of the applicable statistics; the summary also gives the median over every row with a number.
+
+Statistics per tool, each beside memfit's on the same rows: median and p90 of |error|, the share of
+rows under-predicted by more than 10% (the error that lets a run OOM), and verdict agreement on the
+published cases labelled fits / oom (GPU). A peer's verdict is its own where it gives one (fitcheck:
+does_not_fit = oom; safe and uncertain = fits, as memfit's "tight" counts as fits), else its number
+against the GPU's memory.
 """
 from __future__ import annotations
 
@@ -58,6 +70,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import accuracy  # noqa: E402
+import peer_fitcheck  # noqa: E402
 import published  # noqa: E402
 
 from memfit.facts.catalog import ModelSpec  # noqa: E402
@@ -65,7 +78,7 @@ from memfit.errors import MemfitError  # noqa: E402
 from memfit.facts.scenario import Scenario  # noqa: E402
 
 GIB = 2**30
-PEERS = ("deepspeed", "accelerate", "llm-analysis")
+PEERS = ("deepspeed", "accelerate", "llm-analysis", "fitcheck")
 LLM_ANALYSIS_PYTHON = os.environ.get("MEMFIT_LLM_ANALYSIS_PYTHON", "/tmp/llm-analysis-venv/bin/python")
 DEFAULT_CASES = ROOT.parent / "shared" / "cases" / "published.jsonl"
 
@@ -75,20 +88,25 @@ class PeerResult:
     value: int | None  # bytes per GPU, None = the tool cannot answer
     applies: bool
     note: str = ""
+    label: str | None = None  # "fits" / "oom": the tool's own verdict, else its number against the GPU
 
 
 @dataclass
 class PeerRow:
     id: str
     kind: str  # "published" or "grid"
-    truth: float  # bytes: measured (published) or the trace's allocated peak (grid)
+    truth: float | None  # bytes: measured (published) or the trace's allocated peak (grid); None = label only
     truth_label: str
-    memfit: float
+    memfit: float | None
     peers: dict[str, PeerResult] = field(default_factory=dict)
     scenario_text: str = ""
+    outcome: str | None = None  # the case's fits / oom label
+    memfit_label: str | None = None
 
     def error(self, value: float | None) -> float | None:
-        return None if value is None else 100.0 * (value - self.truth) / self.truth
+        if value is None or self.truth is None:
+            return None
+        return 100.0 * (value - self.truth) / self.truth
 
 
 # ---------------------------------------------------------------------------------------------- model facts
@@ -275,11 +293,23 @@ def llm_analysis_peer(s: Scenario, req: dict, result: dict | str) -> PeerResult:
     return PeerResult(int(result["(weight+op_state+grad+act)_memory_per_gpu"]), applies, " ".join(notes))
 
 
+def fitcheck_peer(s: Scenario, counts: ModelCounts) -> PeerResult:
+    # the hub's safetensors count, which fitcheck checks its formula against: the transformers model's own
+    a = peer_fitcheck.fitcheck_answer(s, counts.total_params)
+    return PeerResult(a.value, a.applies, a.note, a.label)
+
+
 # ---------------------------------------------------------------------------------------------- rows
 def _describe(s: Scenario) -> str:
     eng = s.engine if s.engine != "deepspeed" else f"zero{s.zero_stage}"
     return (f"{s.model.id.split('/')[-1]} {s.tuning} {s.precision} {eng}x{s.world_size} {s.attention} "
             f"ckpt={s.checkpointing} b{s.micro_batch}x{s.seq_len}")
+
+
+def _gpu_outcome(case: dict) -> str | None:
+    """The case's fits / oom label (a fit at the boundary fits); host-RAM outcomes are not a GPU verdict."""
+    outcome = {"fits_at_max": "fits"}.get(case.get("outcome"), case.get("outcome"))
+    return outcome if outcome in ("fits", "oom") else None
 
 
 def published_rows(path: Path) -> tuple[list[tuple[PeerRow, Scenario]], list[tuple[str, str]]]:
@@ -290,11 +320,15 @@ def published_rows(path: Path) -> tuple[list[tuple[PeerRow, Scenario]], list[tup
         if r.skip:
             skipped.append((case["id"], r.skip))
             continue
-        if r.error_pct is None or case.get("reliability") not in ("high", "medium"):
-            continue  # the same numeric set bench/published.py summarizes
+        # the same numeric set and labels bench/published.py summarizes
+        numeric = r.error_pct is not None and case.get("reliability") in ("high", "medium")
+        outcome = _gpu_outcome(case) if r.label_ok is not None else None
+        if not numeric and outcome is None:
+            continue
         s = published.scenario_for(case)
-        rows.append((PeerRow(case["id"], "published", r.measured, f"measured {case.get('basis')}", r.predicted,
-                             scenario_text=_describe(s)), s))
+        rows.append((PeerRow(case["id"], "published", r.measured if numeric else None, f"measured {case.get('basis')}",
+                             r.predicted if numeric else None, scenario_text=_describe(s), outcome=outcome,
+                             memfit_label=r.predicted_label), s))
     return rows, skipped
 
 
@@ -323,6 +357,10 @@ def run_peers(pairs: list[tuple[PeerRow, Scenario]]) -> list[PeerRow]:
         row.peers["accelerate"] = accelerate_peer(s, counts)
         row.peers["llm-analysis"] = llm_analysis_peer(
             s, requests[i], la_results if isinstance(la_results, str) else la_results[i])
+        row.peers["fitcheck"] = fitcheck_peer(s, counts)
+        for result in row.peers.values():
+            if result.label is None and result.value is not None:  # no verdict of its own: its number vs the card
+                result.label = "oom" if result.value > s.hardware.gpu.memory_bytes else "fits"
     return [row for row, _ in pairs]
 
 
@@ -331,24 +369,51 @@ def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 1) if values else None
 
 
+def error_stats(errors: list[float]) -> dict:
+    """median and p90 of |error| (p90 as bench/published.py takes it), and the share under-predicted by > 10%."""
+    if not errors:
+        return {"median_abs_pct_error": None, "p90_abs_pct_error": None, "under_10pct_share": None}
+    magnitudes = sorted(abs(e) for e in errors)
+    return {"median_abs_pct_error": _median(magnitudes),
+            "p90_abs_pct_error": round(magnitudes[min(len(magnitudes) - 1, int(0.9 * len(magnitudes)))], 1),
+            "under_10pct_share": round(sum(e < -10 for e in errors) / len(errors), 3)}
+
+
+def _agreement(labels: list[tuple[str | None, str]]) -> float | None:
+    """Share of (predicted, outcome) pairs that agree; a row without a verdict counts as wrong."""
+    return round(sum(p == o for p, o in labels) / len(labels), 3) if labels else None
+
+
+def _memfit_summary(chosen: list[PeerRow]) -> dict:
+    numeric = [r for r in chosen if r.truth is not None]
+    labelled = [r for r in chosen if r.outcome]
+    return {"n": len(numeric), **error_stats([r.error(r.memfit) for r in numeric]),
+            "n_labels": len(labelled), "label_agreement": _agreement([(r.memfit_label, r.outcome) for r in labelled])}
+
+
+def _peer_summary(chosen: list[PeerRow], peer: str) -> dict:
+    numeric = [r for r in chosen if r.truth is not None]
+    with_value = [r for r in numeric if r.peers[peer].value is not None]
+    applicable = [r for r in with_value if r.peers[peer].applies]
+    labelled = [r for r in chosen if r.outcome and r.peers[peer].applies]
+    return {
+        "n_applicable": len(applicable),
+        **error_stats([r.error(r.peers[peer].value) for r in applicable]),
+        "memfit_same_rows": error_stats([r.error(r.memfit) for r in applicable]),
+        "n_with_number": len(with_value),
+        "median_abs_pct_error_all_rows": _median([abs(r.error(r.peers[peer].value)) for r in with_value]),
+        "n_labels_applicable": len(labelled),
+        "label_agreement": _agreement([(r.peers[peer].label, r.outcome) for r in labelled]),
+        "memfit_label_agreement_same_rows": _agreement([(r.memfit_label, r.outcome) for r in labelled]),
+    }
+
+
 def summary(rows: list[PeerRow]) -> dict:
     out = {}
     for kind in ("published", "grid", "all"):
         chosen = [r for r in rows if kind == "all" or r.kind == kind]
-        if not chosen:
-            continue
-        tools = {"memfit": {"n": len(chosen), "median_abs_pct_error": _median([abs(r.error(r.memfit)) for r in chosen])}}
-        for peer in PEERS:
-            with_value = [r for r in chosen if r.peers[peer].value is not None]
-            applicable = [r for r in with_value if r.peers[peer].applies]
-            tools[peer] = {
-                "n_applicable": len(applicable),
-                "median_abs_pct_error": _median([abs(r.error(r.peers[peer].value)) for r in applicable]),
-                "memfit_median_same_rows": _median([abs(r.error(r.memfit)) for r in applicable]),
-                "n_with_number": len(with_value),
-                "median_abs_pct_error_all_rows": _median([abs(r.error(r.peers[peer].value)) for r in with_value]),
-            }
-        out[kind] = tools
+        if chosen:
+            out[kind] = {"memfit": _memfit_summary(chosen), **{p: _peer_summary(chosen, p) for p in PEERS}}
     return out
 
 
@@ -361,39 +426,98 @@ def _cell(row: PeerRow, value: float | None, applies: bool = True) -> str:
 
 
 LEGEND = (
-    "n/a = the tool does not model this row (LoRA/QLoRA: it counts the whole model as trained; offload; fp32 "
-    "for llm-analysis); such numbers are shown dim and left out of the applicable median. deepspeed: "
-    "estimator/GPUs sharding the states (+opt-off / +param-off = CPU offload), model states only, no "
-    "activations. accelerate: the 'Training using Adam' column of the row named (max over its phases of a "
-    "batch-1 step, no activations, no sharding; AutoModel without the LM head). llm-analysis: weights + "
-    "optimizer states + gradients + activations per GPU by its own parameter count."
+    "n/a = the tool does not model this row (deepspeed, accelerate, llm-analysis: LoRA/QLoRA, where they count "
+    "the whole model as trained; offload and fp32 for llm-analysis; fitcheck: several GPUs, fused or chunked "
+    "losses, DoRA, offloaded checkpoints, a GPTQ base); such numbers are shown dim and left out of the "
+    "applicable statistics. deepspeed: estimator/GPUs sharding the states (+opt-off / +param-off = CPU "
+    "offload), model states only, no activations. accelerate: the 'Training using Adam' column of the row "
+    "named (max over its phases of a batch-1 step, no activations, no sharding; AutoModel without the LM "
+    "head). llm-analysis: weights + optimizer states + gradients + activations per GPU by its own parameter "
+    "count. fitcheck: its total (with its overhead) for one GPU, its verdict and the largest micro-batch it fits."
 )
 
 
-def print_rows(rows: list[PeerRow], skipped: list[tuple[str, str]]) -> None:
-    from rich.console import Console
+def _numeric_table(rows: list[PeerRow], kind: str, title: str):
     from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("row", *(("scenario",) if kind == "published" else ()), "truth", "memfit", *PEERS, " | ".join(PEERS)):
+        table.add_column(col, no_wrap=col in ("row", "scenario"), overflow="ellipsis")
+    for r in rows:
+        notes = " | ".join(r.peers[p].note for p in PEERS)
+        scenario = (r.scenario_text,) if kind == "published" else ()
+        table.add_row(r.id, *scenario, f"{r.truth / GIB:.1f}", _cell(r, r.memfit),
+                      *[_cell(r, r.peers[p].value, r.peers[p].applies) for p in PEERS], f"[dim]{notes}[/]")
+    return table
+
+
+def _verdict(label: str | None, outcome: str, applies: bool = True) -> str:
+    if label is None:
+        return "—"
+    text = label if label == outcome else f"[red]{label}[/]"
+    return text if applies else f"[dim]{text} n/a[/]"
+
+
+def _label_table(rows: list[PeerRow]):
+    """The labelled cases without a measured number (mostly OOM reports): otherwise seen only in the summary."""
+    from rich.table import Table
+
+    table = Table(title="published fits/OOM cases without a number: each tool's verdict (red = wrong)")
+    for col in ("row", "scenario", "outcome", "memfit", *PEERS):
+        table.add_column(col, no_wrap=col in ("row", "scenario"), overflow="ellipsis")
+    for r in rows:
+        table.add_row(r.id, r.scenario_text, r.outcome, _verdict(r.memfit_label, r.outcome),
+                      *[_verdict(r.peers[p].label, r.outcome, r.peers[p].applies) for p in PEERS])
+    return table
+
+
+def _stats_text(stats: dict) -> str:
+    if stats["median_abs_pct_error"] is None:
+        return "—"
+    return (f"{stats['median_abs_pct_error']:.1f} / {stats['p90_abs_pct_error']:.0f} / "
+            f"{100 * stats['under_10pct_share']:.0f}%")
+
+
+def _share(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.0f}%"
+
+
+def _summary_table(result: dict):
+    from rich.table import Table
+
+    table = Table(title="summary: |error| median / p90 / share under-predicted by > 10%, on each tool's "
+                        "applicable rows, memfit on the same rows; verdict agreement on labelled cases")
+    for col in ("rows", "tool", "n", "tool error", "memfit error", "n labels", "tool verdicts", "memfit verdicts"):
+        table.add_column(col)
+    for kind, tools in result.items():
+        m = tools["memfit"]
+        table.add_row(kind, "memfit (all rows)", str(m["n"]), _stats_text(m), "", str(m["n_labels"]),
+                      _share(m["label_agreement"]), "")
+        for peer in PEERS:
+            t = tools[peer]
+            table.add_row("", peer, str(t["n_applicable"]), _stats_text(t), _stats_text(t["memfit_same_rows"]),
+                          str(t["n_labels_applicable"]), _share(t["label_agreement"]),
+                          _share(t["memfit_label_agreement_same_rows"]))
+    return table
+
+
+def print_rows(rows: list[PeerRow], skipped: list[tuple[str, str]], result: dict) -> None:
+    from rich.console import Console
 
     console = Console(width=250)
     for kind, title in (("published", "published cases: GiB per GPU (error vs measured)"),
                         ("grid", "accuracy grid subset: GiB per GPU (error vs the trace's allocated peak)")):
-        chosen = [r for r in rows if r.kind == kind]
-        if not chosen:
-            continue
-        table = Table(title=title)
-        for col in ("row", *(("scenario",) if kind == "published" else ()), "truth", "memfit", *PEERS,
-                    "deepspeed | accelerate | llm-analysis"):
-            table.add_column(col, no_wrap=col in ("row", "scenario"), overflow="ellipsis")
-        for r in chosen:
-            notes = " | ".join(r.peers[p].note for p in PEERS)
-            scenario = (r.scenario_text,) if kind == "published" else ()
-            table.add_row(r.id, *scenario, f"{r.truth / GIB:.1f}", _cell(r, r.memfit),
-                          *[_cell(r, r.peers[p].value, r.peers[p].applies) for p in PEERS], f"[dim]{notes}[/]")
-        console.print(table)
+        chosen = [r for r in rows if r.kind == kind and r.truth is not None]
+        if chosen:
+            console.print(_numeric_table(chosen, kind, title))
+    label_only = [r for r in rows if r.truth is None and r.outcome]
+    if label_only:
+        console.print(_label_table(label_only))
     console.print(f"[dim]{LEGEND}[/]")
     if skipped:
         console.print(f"[dim]published cases skipped by bench/published.py ({len(skipped)}): "
                       + "; ".join(sorted({reason for _, reason in skipped})) + "[/]")
+    console.print(_summary_table(result))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -415,15 +539,16 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         Path(a.json).write_text(json.dumps({"summary": result, "rows": [
             {"id": r.id, "kind": r.kind, "scenario": r.scenario_text, "truth": r.truth, "truth_label": r.truth_label,
-             "memfit": r.memfit, "memfit_error_pct": r.error(r.memfit),
+             "memfit": r.memfit, "memfit_error_pct": r.error(r.memfit), "outcome": r.outcome,
+             "memfit_label": r.memfit_label,
              "peers": {p: {"value": r.peers[p].value, "error_pct": r.error(r.peers[p].value),
-                           "applies": r.peers[p].applies, "note": r.peers[p].note} for p in PEERS}}
+                           "applies": r.peers[p].applies, "note": r.peers[p].note, "label": r.peers[p].label}
+                       for p in PEERS}}
             for r in rows], "skipped": skipped}, indent=1))
     if a.summary_json:
         print(json.dumps(result))
         return 0
-    print_rows(rows, skipped)
-    print(json.dumps(result, indent=1))
+    print_rows(rows, skipped, result)
     print(f"{len(rows)} rows in {time.perf_counter() - started:.0f} s")
     return 0
 

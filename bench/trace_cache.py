@@ -67,7 +67,8 @@ def _plain(obj):
 TRACE_INPUTS = ("tuning", "lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "dora", "precision",
                 "runs_autocast", "adapter_dtype", "optimizer", "engine", *acting_when("deepspeed"),
                 *acting_when("fsdp"), "checkpointing", "checkpoint_every_n", "reentrant", "attention", "padding",
-                "loss", "micro_batch", "seq_len", "freeze_trainable_layers", "kbit_upcast", "double_quant")
+                "loss", "micro_batch", "seq_len", "freeze_trainable_layers", "kbit_upcast", "double_quant",
+                "virtual_tokens")
 # the DPO trace also reads the method, the reference model it builds and its framework's facts
 DPO_TRACE_INPUTS = ("method", "ref_model", "precompute_ref_log_probs", "ref_offload")
 
@@ -75,7 +76,7 @@ DPO_TRACE_INPUTS = ("method", "ref_model", "precompute_ref_log_probs", "ref_offl
 def _acts(scenario: Scenario, name: str) -> bool:
     when = knobs().get(name).when if name in knobs() else None
     return {"deepspeed": scenario.engine == "deepspeed", "fsdp": scenario.engine == "fsdp",
-            "adapters": scenario.uses_adapters}.get(when, True)
+            "adapters": scenario.uses_adapters, "virtual_tokens": scenario.virtual_tokens_in_use > 0}.get(when, True)
 
 
 # ModelSpec facts that only the analytic model reads (the trace takes them from transformers' own config

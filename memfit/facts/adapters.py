@@ -29,6 +29,11 @@ def adapter_methods() -> tuple[str, ...]:
     return tuple(_methods())
 
 
+def wraps(method: str) -> str | None:
+    """How a method of adapters.toml attaches: "linear", "virtual_tokens", "norms" (None: not one of them)."""
+    return _methods()[method]["wraps"] if method in _methods() else None
+
+
 def trains_adapters(tuning: str) -> bool:
     """PEFT adapters on a frozen base: LoRA, QLoRA, or another method of data/adapters.toml."""
     return tuning in ("lora", "qlora") or tuning in adapter_methods()

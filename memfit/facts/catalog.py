@@ -39,6 +39,7 @@ ARCH_DEFAULTS: dict = {
     "dropout": 0.0,
     "eager_repeats_kv": True,
     "eager_score_bytes": 0,
+    "sdpa_math": False,
     "hidden_act": "silu",
     "attention_dropout": -1.0,
     "learned_position_offset": 0,
@@ -89,6 +90,9 @@ class ModelSpec:
     dropout: float = 0.0
     eager_repeats_kv: bool = True
     eager_score_bytes: int = 0
+    # SDPA gets k/v heads the fused kernels refuse (Falcon-7B's one broadcast kv head, no enable_gqa), so torch
+    # runs its math kernel: fp32 scores, the fp32 softmax kept for backward
+    sdpa_math: bool = False
     hidden_act: str = "silu"  # the MLP activation (transformers ACT2FN name); activations.toml says what it saves
     attention_dropout: float = -1.0  # the attention-probability dropout; -1 = same as `dropout`
     learned_position_offset: int = 0  # extra rows of a learned position table (OPT: 2)
@@ -326,8 +330,9 @@ def _read_keys(data: dict, family: dict) -> dict:
         value = next((v for v in (_dotted(data, k) for k in names) if v is not None), None)
         if value is not None:
             entry[ours] = value
-    for key, cases in family.get("config_switches", {}).items():  # a config flag that changes the structure
-        entry.update(cases.get(json.dumps(data.get(key)), {}))
+    for key, cases in family.get("config_switches", {}).items():  # config flags that change the structure
+        flags = [data.get(k) for k in key.split(",")]  # "a,b": the case is the JSON list of both values
+        entry.update(cases.get(json.dumps(flags if len(flags) > 1 else flags[0]), {}))
     return entry
 
 

@@ -124,6 +124,7 @@ def acts(s, name: str) -> bool:
         return True
     return {"deepspeed": s.engine == "deepspeed", "fsdp": s.engine == "fsdp", "adapters": s.uses_adapters,
             "qlora": s.tuning == "qlora", "freeze": s.tuning == "freeze", "every_n": s.checkpointing == "every_n",
+            "virtual_tokens": s.virtual_tokens_in_use > 0,
             "several": several_models(s.method)}[when]
 
 

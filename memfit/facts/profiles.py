@@ -6,7 +6,7 @@ and records each default it took, so the output can say which assumptions the es
 from __future__ import annotations
 
 from memfit.errors import MemfitError
-from memfit.facts.adapters import adapter_methods, method_info
+from memfit.facts.adapters import adapter_methods, method_info, wraps
 from memfit.facts.catalog import ModelSpec
 from memfit.facts.engines import ENGINES
 from memfit.facts.engines.deepspeed import hf_auto_buckets
@@ -115,8 +115,10 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
 def _peft_defaults(values: dict, given, assumed: list[str]) -> None:
     """A PEFT method without targets adapts what PEFT itself picks for it (data/adapters.toml)."""
     method = values["tuning"]
-    if "lora_targets" not in given:
+    if "lora_targets" not in given and "default_targets" in method_info(method):
         values["lora_targets"] = tuple(method_info(method)["default_targets"])
         assumed.append(f"{method} targets={','.join(values['lora_targets'])} (PEFT's default)")
-    if "lora_rank" not in given and method != "ia3":
+    if "lora_rank" not in given and method in ("vera", "adalora", "loha"):
         assumed.append(f"{method} rank={values.get('lora_rank', 8)}")
+    if "virtual_tokens" not in given and wraps(method) == "virtual_tokens":
+        assumed.append(f"{method}: {values.get('virtual_tokens', 20)} virtual tokens (PEFT has no default)")

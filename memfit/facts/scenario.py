@@ -10,12 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, make_dataclass, replace
 
 from memfit.errors import MemfitError
-from memfit.facts.adapters import adapter_methods, method_info, trains_adapters
+from memfit.facts.adapters import adapter_methods, method_info, trains_adapters, wraps
 from memfit.facts.catalog import GpuSpec, ModelSpec
 from memfit.facts.engines import engine_of
 from memfit.facts.knobs import Knob, hardware, knobs
 
 ROLE_GROUPS = ("actor", "ref", "critic", "reward")
+MODULES_TO_SAVE = ("embed_tokens", "lm_head")  # the model-level modules memfit's inventory names
 
 
 def _require(ok: bool, message: str) -> None:
@@ -56,9 +57,19 @@ class _Rules:
 
     def _check_adapters(self) -> None:
         """PEFT methods other than LoRA take what their config classes take (data/adapters.toml)."""
+        for name in self.modules_to_save:
+            _require(name in MODULES_TO_SAVE, f"--modules-to-save {name!r} is not valid; choose from: "
+                                              f"{', '.join(MODULES_TO_SAVE)}")
+        _require(not self.modules_to_save or self.tuning in ("lora", "qlora") or wraps(self.tuning) == "linear",
+                 f"--modules-to-save goes with LoRA or a Linear-wrapping PEFT method, not --tuning {self.tuning}")
         if self.tuning not in adapter_methods():
             return
         _require(not self.dora, f"DoRA is a LoRA option; --tuning {self.tuning} has none (use --tuning lora --dora)")
+        # an fp32 norm copy outputs fp32, and without autocast a 16-bit Linear refuses an fp32 input
+        _require(not (self.tuning == "ln_tuning" and self.adapter_bytes == 4 and self.compute_bytes == 2
+                      and not self.runs_autocast),
+                 "LN tuning with fp32 norm copies and no autocast feeds fp32 into the 16-bit Linears (torch refuses "
+                 "the dtype mix); use --adapter-dtype bf16 or a trainer that runs autocast")
         _require(self.lora_dropout == 0 or method_info(self.tuning).get("dropout", False),
                  f"--tuning {self.tuning} has no input dropout (PEFT {method_info(self.tuning)['peft']}); "
                  "leave --lora-dropout at 0")
@@ -116,6 +127,15 @@ class _Rules:
     @property
     def uses_adapters(self) -> bool:
         return trains_adapters(self.tuning)
+
+    def trains_whole(self, module: str) -> bool:
+        """Whether the embedding / output head trains: full tuning, or PEFT's modules_to_save."""
+        return self.tuning == "full" or self.uses_adapters and module in self.modules_to_save
+
+    @property
+    def virtual_tokens_in_use(self) -> int:
+        """Positions prompt / p-tuning prepend to every row: the model runs seq_len + these."""
+        return self.virtual_tokens if wraps(self.tuning) == "virtual_tokens" else 0
 
     @property
     def compute_bytes(self) -> int:

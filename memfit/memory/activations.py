@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memfit.facts.adapters import adapter_methods, bytes_of, facts_for, setup_name
+from memfit.facts.adapters import bytes_of, facts_for, setup_name, wraps
 from memfit.facts.catalog import activation_saved, activation_saves_output
 from memfit.facts.engines import engine_of
 from memfit.facts.recompute import Recompute
@@ -62,7 +62,7 @@ def residual_bytes(s: Scenario) -> int:
     if s.tuning == "qlora" and s.kbit_upcast:
         return 4
     fp32_master_in_module = s.precision.endswith("mixed") and not engine_of(s).casts_module(s)
-    return 4 if fp32_master_in_module and s.tuning == "full" else s.compute_bytes
+    return 4 if fp32_master_in_module and s.trains_whole("embed_tokens") else s.compute_bytes
 
 
 def _has_mask(s: Scenario) -> bool:
@@ -81,6 +81,8 @@ def attention_per_token(s: Scenario, b: int) -> tuple[int, int, int]:
     repeated = q if m.num_kv_heads != m.num_heads else kv
     if s.attention == "flash":  # q, k, v (native GQA), out, fp32 logsumexp; unpadding adds a copy and an index
         return b * (q + 2 * kv + q) + lse + (b * m.hidden_size + 8 if _has_mask(s) else 0), 0, 0
+    if s.attention == "sdpa" and m.sdpa_math:  # torch's math kernel: fp32 q, k, v copies, the fp32 softmax saved
+        return 4 * (q + 2 * kv) + (b * q), 4 * m.num_heads, 8 * m.num_heads
     if s.attention == "sdpa" and not _has_mask(s):  # no mask, enable_gqa: the flash kernel
         return b * (q + 2 * kv + q) + lse, 0, 0
     if s.attention == "sdpa":  # bool mask -> mem-efficient kernel over repeat_kv'd k, v
@@ -129,7 +131,7 @@ def _peft_per_token(s: Scenario, module: str, sizes: dict[str, int], width: int)
 def _peft_fixed(s: Scenario, adapters: list[ParamTensor]) -> int:
     """Bytes per decoder layer a PEFT method saves whatever the tokens: weight-sized deltas (LoHa), the
     autocast copies of its adapter weights."""
-    if s.tuning not in adapter_methods():
+    if wraps(s.tuning) != "linear":
         return 0
     widths = _peft_widths(s, adapters)
     return int(sum(count * bytes_of(_peft_facts(s, mod)["saved"], widths[mod], per_token=False)
@@ -139,7 +141,7 @@ def _peft_fixed(s: Scenario, adapters: list[ParamTensor]) -> int:
 def _peft_backward(s: Scenario, adapters: list[ParamTensor]) -> int:
     """Weight-sized temporaries while the widest adapted Linear runs its backward (LoHa rebuilds its delta's
     factors there; data/peft.toml backward_weights)."""
-    if s.tuning not in adapter_methods():
+    if wraps(s.tuning) != "linear":
         return 0
     widths = _peft_widths(s, adapters)
     return int(max((_peft_facts(s, mod)["backward_weights"] * w["I"] * w["O"] * s.adapter_bytes
@@ -201,7 +203,7 @@ def _norm_per_token(s: Scenario, b: int, rb: int) -> int:
     trains, the normalized tensor in the input dtype; LayerNorm saves its input and two fp32 stats."""
     m = s.model
     h = m.hidden_size
-    trains = s.tuning in ("full", "freeze")
+    trains = s.tuning in ("full", "freeze", "ln_tuning")
     if m.norm == "rms":
         return 4 * h + ((4 if m.norm_fp32_scale else rb) * h if trains else 0)
     return rb * h + 8
@@ -256,6 +258,8 @@ def _layer_per_token(s: Scenario, b: int, rb: int, adapters) -> int:
 
 
 def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
+    if s.virtual_tokens_in_use:  # prompt / p-tuning: every layer and the head run the virtual tokens too
+        s = s.with_changes(seq_len=s.seq_len + s.virtual_tokens_in_use)
     m = s.model
     b = s.compute_bytes
     rb = residual_bytes(s)
@@ -281,19 +285,26 @@ def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
         layer_checkpoint=0 if offloaded else checkpoint,
         checkpointed_layers=ckpt_layers,
         plain_layers=plain_layers,
-        outside_layers=n * (_norm_per_token(s, b, rb) + (b * h if s.tuning == "full" else 0)  # final norm, head input
+        outside_layers=n * (_norm_per_token(s, b, rb) + (b * h if s.trains_whole("lm_head") else 0)  # final norm, head input
                             + (h if m.dropout > 0 else 0)),  # embedding dropout mask
         shared_masks=masks,
         layer_forward_transient=n * b * max(4 * h, 2 * m.intermediate_size) + rows * t * t * per_key_transient,
-        # eager backward: the fp32 softmax gradient outlives the saved probabilities it replaces
         layer_backward_transient=n * b * (3 * m.intermediate_size + 2 * h)
-        + rows * t * t * (4 * m.num_heads if s.attention == "eager" else 0) + _peft_backward(s, adapters),
+        + rows * t * t * _backward_per_key(s) + _peft_backward(s, adapters),
         logits_forward_peak=logits_fwd,
         logits_saved=logits_saved,
         logits_backward_peak=logits_bwd,
         logits_grad=n * v * (4 if s.precision == "fp32" else b) if s.loss == "standard" else 0,
         host_offloaded=checkpoint * ckpt_layers if offloaded else 0,
     )
+
+
+def _backward_per_key(s: Scenario) -> int:
+    """Per token x key bytes of the attention backward: the fp32 softmax gradient outlives the saved probabilities
+    in eager; torch's math kernel also keeps the fp32 gradient of the scores beside it."""
+    if s.attention == "sdpa" and s.model.sdpa_math:
+        return 8 * s.model.num_heads
+    return 4 * s.model.num_heads if s.attention == "eager" else 0
 
 
 def _checkpoint_split(s: Scenario) -> tuple[int, int]:
@@ -314,7 +325,7 @@ def _logits(s: Scenario, n: int, v: int, b: int) -> tuple[int, int, int]:
     up = 0 if lb == 4 else 4  # ForCausalLMLoss upcasts logits to fp32 unless they already are
     if s.loss == "liger":
         chunk = min(n, LIGER_CHUNK_ROUND * -(-n // max(1, -(-v // h))))
-        grads = n * h * b + (v * h * 4 if s.tuning == "full" else 0)
+        grads = n * h * b + (v * h * 4 if s.trains_whole("lm_head") else 0)
         return chunk * v * (lb + 4) + grads, grads, grads
     if s.loss == "chunked_nll":
         c = min(n, TRL_CHUNK_TOKENS)

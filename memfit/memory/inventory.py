@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from memfit.errors import MemfitError
-from memfit.facts.adapters import adapter_methods, elements_of, facts_for, method_info
+from memfit.facts.adapters import elements_of, facts_for, method_info, wraps
 from memfit.facts.catalog import ModelSpec
 
 # Which roles a Linear computes and its (in, out) widths; fused modules sum the outputs.
@@ -224,6 +224,25 @@ def peft_tensors(model: ModelSpec, tensors: list[ParamTensor], method: str, rank
     return out
 
 
+def prompt_tensors(model: ModelSpec, method: str, virtual_tokens: int) -> list[ParamTensor]:
+    """Prompt tuning: the virtual tokens' embedding; p-tuning: the same through an MLP of three Linears with
+    biases, as wide as the model (PEFT PromptEncoder, encoder_hidden_size = hidden by default)."""
+    h = model.hidden_size
+    out = [ParamTensor("prompt_encoder.embedding.weight", virtual_tokens * h, 1, "lora", "prompt_encoder")]
+    if method == "ptuning":
+        out.append(ParamTensor("prompt_encoder.mlp", 3 * (h * h + h), 1, "lora", "prompt_encoder"))
+    return out
+
+
+def norm_copies(tensors: list[ParamTensor]) -> list[ParamTensor]:
+    """LN tuning: every norm layer frozen, beside a trainable copy (PEFT LNTuningLayer); the per-head q/k norms
+    are not among PEFT's targets."""
+    frozen = [replace(t, trainable=False) for t in tensors]
+    copies = [replace(t, name=f"{t.name}.ln_tuning") for t in tensors
+              if t.kind == "norm" and t.module not in ("q_norm", "k_norm")]
+    return frozen + copies
+
+
 def _freeze_split(tensors: list[ParamTensor], model: ModelSpec, trainable_layers: int) -> list[ParamTensor]:
     """Freeze tuning (LLaMA-Factory): only the last `trainable_layers` decoder layers train."""
     if not 0 < trainable_layers <= model.num_layers:
@@ -240,7 +259,7 @@ def _freeze_split(tensors: list[ParamTensor], model: ModelSpec, trainable_layers
 
 
 def tuned_tensors(model: ModelSpec, tuning: str, rank: int = 8, targets: tuple[str, ...] = ("all-linear",),
-                  dora: bool = False, trainable_layers: int = 2) -> list[ParamTensor]:
+                  dora: bool = False, trainable_layers: int = 2, virtual_tokens: int = 20) -> list[ParamTensor]:
     """The inventory after applying the tuning method: frozen base, trainable parts, adapters."""
     tensors = base_tensors(model)
     if tuning == "full":
@@ -250,14 +269,33 @@ def tuned_tensors(model: ModelSpec, tuning: str, rank: int = 8, targets: tuple[s
     quantize = tuning == "qlora" or model.quantization is not None
     frozen = [replace(t, trainable=False, quantized=quantize and t.kind == "linear" and t.per_layer)
               for t in tensors]
-    if tuning in adapter_methods():
+    if wraps(tuning) == "norms":
+        return norm_copies(tensors)
+    if wraps(tuning) == "virtual_tokens":
+        return frozen + prompt_tensors(model, tuning, virtual_tokens)
+    if wraps(tuning) == "linear":
         return frozen + peft_tensors(model, tensors, tuning, rank, targets)
     return frozen + lora_tensors(model, tensors, rank, targets, dora)
 
 
+def saved_copies(model: ModelSpec, tensors: list[ParamTensor], modules: tuple[str, ...]) -> list[ParamTensor]:
+    """PEFT modules_to_save: a trainable copy of each named module beside its frozen original. A head tied to the
+    embedding is copied from the embedding's weight, and the copy is not tied to anything."""
+    out = []
+    for name in modules:
+        tied_head = name == "lm_head" and model.tie_embeddings
+        source = "embed_tokens" if tied_head else name
+        out += [replace(t, name=f"{name}.modules_to_save.{t.name}", module=name, trainable=True,
+                        kind="lm_head" if name == "lm_head" and t.kind == "embedding" else t.kind)
+                for t in tensors if t.module == source and t.kind in ("embedding", "lm_head", "bias")]
+    return out
+
+
 def scenario_tensors(s) -> list[ParamTensor]:
     """The inventory of a scenario's model under its tuning."""
-    return tuned_tensors(s.model, s.tuning, s.lora_rank, s.lora_targets, s.dora, s.freeze_trainable_layers)
+    tensors = tuned_tensors(s.model, s.tuning, s.lora_rank, s.lora_targets, s.dora, s.freeze_trainable_layers,
+                            s.virtual_tokens)
+    return tensors + saved_copies(s.model, tensors, s.modules_to_save) if s.uses_adapters else tensors
 
 
 # ---------------------------------------------------------------------------------------------- MLA

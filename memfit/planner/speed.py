@@ -54,7 +54,7 @@ from memfit.facts.catalog import HERE, ModelSpec
 from memfit.facts.engines import Sharding, engine_of
 from memfit.facts.recompute import Recompute
 from memfit.facts.scenario import Scenario
-from memfit.memory.inventory import scenario_tensors, tuned_tensors
+from memfit.memory.inventory import saved_copies, scenario_tensors, tuned_tensors
 from memfit.memory.states.common import partition_sizes
 
 GB = 1e9
@@ -94,13 +94,15 @@ class ParamCounts:
 
 
 def param_counts(s: Scenario) -> ParamCounts:
-    return _param_counts(s.model, s.tuning, s.lora_rank, s.lora_targets, s.dora, s.freeze_trainable_layers)
+    return _param_counts(s.model, s.tuning, s.lora_rank, s.lora_targets, s.dora, s.freeze_trainable_layers,
+                         s.virtual_tokens, s.modules_to_save if s.uses_adapters else ())
 
 
 @cache
 def _param_counts(model: ModelSpec, tuning: str, rank: int, targets: tuple, dora: bool,
-                  trainable_layers: int) -> ParamCounts:
-    tensors = tuned_tensors(model, tuning, rank, targets, dora, trainable_layers)
+                  trainable_layers: int, virtual_tokens: int = 20, modules_to_save: tuple = ()) -> ParamCounts:
+    tensors = tuned_tensors(model, tuning, rank, targets, dora, trainable_layers, virtual_tokens)
+    tensors += saved_copies(model, tensors, modules_to_save)
     expert_share = model.experts_per_token / model.num_experts if model.is_moe else 1.0
 
     def active(t) -> float:

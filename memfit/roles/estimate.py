@@ -31,7 +31,15 @@ def estimate(s: Scenario) -> Estimate:
         margin_bytes=worst.margin_bytes, host_margin_bytes=host_margin, roles=placement.roles,
         groups=placement.groups, worst_group=worst.name, drivers=placement.drivers,
         gpus_needed=placement.gpus_needed,
-        assumptions=_method_assumptions(s) + _model_assumptions(s.model) + list(s.assumed) + notes + placement.notes)
+        assumptions=_method_assumptions(s) + _model_assumptions(s.model) + _kernel_assumptions(s) + list(s.assumed)
+        + notes + placement.notes)
+
+
+def _kernel_assumptions(s: Scenario) -> list[str]:
+    if s.attention == "sdpa" and s.model.sdpa_math:
+        return ["SDPA runs torch's math kernel (fp32 scores per head kept for backward): transformers' modeling code "
+                "hands it k/v heads the fused kernels refuse (traced); a framework with its own model code may not"]
+    return []
 
 
 def _method_assumptions(s: Scenario) -> list[str]:

@@ -322,7 +322,9 @@ def tie_weights_again(hf_model) -> None:
     if getattr(hf_model.config, "tie_word_embeddings", False):
         out, inp = hf_model.get_output_embeddings(), hf_model.get_input_embeddings()
         if out is not None and inp is not None:
-            target = out.base_layer if hasattr(out, "base_layer") else out
+            # PEFT wraps the head: LoRA keeps it as base_layer, modules_to_save as original_module (its trainable
+            # copy is not tied)
+            target = getattr(out, "original_module", None) or getattr(out, "base_layer", out)
             target.weight = inp.weight
 
 
@@ -404,7 +406,8 @@ def build_model(scenario: Scenario, device: str | torch.device = "meta", fake_mo
     enable_checkpointing(hf_model, scenario, host_transfer)
     if fake_mode is not None:
         with fake_mode:
-            model.to_empty(device="cpu")
+            for module in model.modules():  # each module once: PEFT's prompt learning reaches the embedding twice
+                module.to_empty(device="cpu", recurse=False)
         tie_weights_again(hf_model)
     elif real_device.type != "meta":
         tie_weights_again(hf_model)

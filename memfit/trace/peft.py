@@ -3,13 +3,13 @@ with PEFT's own config classes so the trace runs PEFT's own layers."""
 from __future__ import annotations
 
 from memfit.errors import MemfitError
-from memfit.facts.adapters import adapter_methods, method_info
+from memfit.facts.adapters import adapter_methods, method_info, wraps
 from memfit.facts.catalog import ModelSpec, architectures
 from memfit.facts.scenario import Scenario
 
 # parameter and buffer names PEFT gives each method's tensors (peft/tuners/*/layer.py adapter_layer_names,
 # other_param_names): they take the adapters' dtype
-ADAPTER_PREFIXES = ("lora_", "ia3_", "vera_", "hada_")
+ADAPTER_PREFIXES = ("lora_", "ia3_", "vera_", "hada_", "prompt_encoder", "ln_tuning_layers")
 
 
 def is_adapter(name: str, scenario: Scenario) -> bool:
@@ -49,9 +49,9 @@ def apply_lora(model, scenario: Scenario, family: str):
         target_modules=lora_target_modules(s.model, family, s.lora_targets),
         use_dora=s.dora,
         task_type="CAUSAL_LM",
+        modules_to_save=saved_module_names(model, s.modules_to_save) or None,
     )
     return get_peft_model(model, config)
-
 
 
 
@@ -63,12 +63,31 @@ def _names(spec: ModelSpec, built_family: str, targets: tuple[str, ...]) -> list
     return sorted(built) if found == "all-linear" else found
 
 
-def _config(s: Scenario, family: str):
+def _norm_names(model) -> list[str]:
+    """The norm layers PEFT's LN tuning adapts: every *Norm module but the per-head q/k norms."""
+    names = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if type(module).__name__.endswith("Norm")}
+    return sorted(names - {"q_norm", "k_norm"})
+
+
+def saved_module_names(model, wanted: tuple[str, ...]) -> list[str]:
+    """PEFT modules_to_save names in the built model for memfit's embed_tokens / lm_head."""
+    modules = {"embed_tokens": model.get_input_embeddings(), "lm_head": model.get_output_embeddings()}
+    names = {id(m): n.rsplit(".", 1)[-1] for n, m in model.named_modules()}
+    return [names[id(modules[w])] for w in wanted]
+
+
+def _config(s: Scenario, family: str, model):
     import peft
 
+    if wraps(s.tuning) == "virtual_tokens":
+        cls = peft.PromptTuningConfig if s.tuning == "prompt" else peft.PromptEncoderConfig
+        return cls(num_virtual_tokens=s.virtual_tokens, task_type="CAUSAL_LM")
+    if wraps(s.tuning) == "norms":
+        return peft.LNTuningConfig(target_modules=_norm_names(model), task_type="CAUSAL_LM")
     info = method_info(s.tuning)
     names = _names(s.model, family, s.lora_targets)
-    common = {"target_modules": names, "task_type": "CAUSAL_LM"}
+    common = {"target_modules": names, "task_type": "CAUSAL_LM",
+              "modules_to_save": saved_module_names(model, s.modules_to_save) or None}
     if s.tuning == "ia3":
         built = architectures().get(family, {}).get("linear_names") or s.model.linear_names
         ff = [n for n in names if set(built.get(n, [])) <= set(info["feedforward_roles"])]
@@ -87,7 +106,7 @@ def apply_peft(model, scenario: Scenario, family: str):
 
     if scenario.tuning not in adapter_methods():
         return apply_lora(model, scenario, family)
-    model = get_peft_model(model, _config(scenario, family))
+    model = get_peft_model(model, _config(scenario, family, model))
     if scenario.tuning == "loha":
         _always_keep_modules(model)
     return model

@@ -56,16 +56,25 @@ def _peak(profile) -> int:
     return max(sum(b.get(c) for c in COMPARED) for b in profile.phases.values())
 
 
-@pytest.mark.parametrize("method", adapter_methods())
-@pytest.mark.parametrize("knobs", [
-    dict(),  # hf-trainer: autocast over fp32 adapters
-    dict(profile="peft-loop", adapter_dtype="bf16", checkpointing="full", micro_batch=2, seq_len=1024),
-    dict(profile="peft-loop", attention="eager"),  # bf16 weights, fp32 adapters, no autocast
-], ids=["autocast", "bf16-ckpt", "fp32-adapters-eager"])
-def test_estimate_within_3_percent_of_the_trace(method, knobs):
+AUTOCAST = dict()  # hf-trainer: autocast over fp32 adapters
+BF16_CKPT = dict(profile="peft-loop", adapter_dtype="bf16", checkpointing="full", micro_batch=2, seq_len=1024)
+FP32_ADAPTERS = dict(profile="peft-loop", attention="eager")  # bf16 weights, fp32 adapters, no autocast
+
+
+def _runs():
+    for method in adapter_methods():
+        yield method, "bf16-ckpt", BF16_CKPT
+        yield method, "autocast", AUTOCAST
+        # LN tuning with fp32 norm copies and no autocast is refused (torch refuses the dtype mix)
+        if method != "ln_tuning":
+            yield method, "fp32-adapters-eager", FP32_ADAPTERS
+
+
+@pytest.mark.parametrize("method, _, knobs", list(_runs()), ids=[f"{m}-{i}" for m, i, _ in _runs()])
+def test_estimate_within_3_percent_of_the_trace(method, _, knobs):
     from memfit.trace.run import run_trace
 
-    if knobs.get("lora_dropout") is None and method in ("vera", "adalora") and knobs.get("checkpointing"):
+    if method in ("vera", "adalora") and knobs.get("checkpointing"):
         knobs = knobs | {"lora_dropout": 0.1}  # the dropout mask these methods keep per adapted input
     s = _scenario(method, **knobs)
     est, traced = _peak(estimate(s).allocated), _peak(run_trace(s).profile)
@@ -86,10 +95,20 @@ def test_ia3_scales_the_mlp_input_and_the_others_outputs():
     (dict(tuning="ia3", dora=True), "DoRA is a LoRA option"),
     (dict(tuning="loha", lora_dropout=0.1), "no input dropout"),
     (dict(tuning="ia3", lora_targets=("nonexistent",)), "match no module"),
+    (dict(tuning="ln_tuning", profile="peft-loop"), "LN tuning with fp32 norm copies"),
 ])
 def test_options_a_method_does_not_have_are_refused(knobs, words):
     with pytest.raises(MemfitError, match=words):
         estimate(_scenario(**knobs))
+
+
+def test_prompt_tuning_runs_the_virtual_tokens_through_every_layer():
+    from memfit.memory.activations import activations
+
+    prompt = _scenario("prompt", virtual_tokens=64)
+    longer = _scenario("prompt", virtual_tokens=64, seq_len=512 + 64)
+    assert activations(prompt, []).layer_saved == activations(longer.with_changes(tuning="lora"), []).layer_saved
+    assert estimate(prompt).trainable_params == 64 * prompt.model.hidden_size
 
 
 def test_cli_estimates_a_peft_method_and_lists_its_default_targets():
@@ -97,3 +116,29 @@ def test_cli_estimates_a_peft_method_and_lists_its_default_targets():
                           "--tuning", "vera", "--seq", "512"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "vera targets=q,v" in out.stdout
+
+
+@pytest.mark.parametrize("method, model, modules", [
+    ("lora", "qwen2.5-0.5b", ("lm_head",)),  # tied head: the copy is made from the embedding and trains untied
+    ("ia3", "llama-3.2-1b", ("embed_tokens",)),
+])
+def test_modules_to_save_train_a_copy_beside_the_frozen_original(method, model, modules):
+    from memfit.trace.build import build_model
+    from memfit.trace.run import run_trace
+
+    s = _scenario(method, model=model, modules_to_save=modules)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        real = sum(p.numel() for p in build_model(s).model.parameters() if p.requires_grad)
+    e = estimate(s)
+    assert e.trainable_params == real
+    assert e.trainable_params > s.model.vocab_size * s.model.hidden_size
+    traced = _peak(run_trace(s).profile)
+    assert abs(_peak(e.allocated) - traced) / traced <= 0.03
+
+
+def test_modules_to_save_names_what_is_valid():
+    with pytest.raises(MemfitError, match="choose from: embed_tokens, lm_head"):
+        _scenario("lora", modules_to_save=("mlp",))
+    with pytest.raises(MemfitError, match="goes with LoRA"):
+        _scenario("prompt", modules_to_save=("lm_head",))

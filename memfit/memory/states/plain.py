@@ -12,7 +12,7 @@ DDP_BUCKET_COPY = True
 def _fp32_under_autocast(s, t: ParamTensor) -> bool:
     if t.kind not in ("linear", "lm_head", "lora") or t.quantized:
         return False
-    if t.kind == "lora" and s.tuning not in ("lora", "qlora"):
+    if t.kind == "lora" and s.tuning not in ("lora", "qlora", "ptuning"):
         return False  # other PEFT methods: the casts they save are in their layer facts (data/peft.toml)
     if t.trainable:
         return trainable_dtype_bytes(s, t) == 4
