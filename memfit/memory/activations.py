@@ -253,7 +253,8 @@ def _layer_per_token(s: Scenario, b: int, rb: int, adapters) -> int:
     mlp = _moe_per_token(s, b) if m.is_moe else int(b * ffn * (act + 2 if m.mlp == "gated" else act))
     mlp += 2 * h if m.dropout > 0 else 0  # residual dropouts after attention and MLP: bool masks
     if m.qk_norm != "none":
-        attn += (4 + b) * (m.num_heads + m.num_kv_heads) * m.head_dim
+        # q/k norms: the fp32 input copy, and the normalized tensor their scale reads (fp32 when it scales in fp32)
+        attn += (4 + (4 if m.norm_fp32_scale else b)) * (m.num_heads + m.num_kv_heads) * m.head_dim
     return norms + attn + norm_fed + others + mlp
 
 
