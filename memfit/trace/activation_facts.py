@@ -11,11 +11,12 @@ written beside it.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import torch
+
+from memfit.trace.fact_file import write_or_check
 
 OUT = Path(__file__).resolve().parent.parent / "facts" / "data" / "activations.toml"
 WIDTH = 4099  # prime: no other tensor of the step has this many elements
@@ -67,18 +68,7 @@ def render(facts: dict[str, tuple[float, bool]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="compare with the shipped table instead of writing")
-    args = parser.parse_args(argv)
-    text = render(derive())
-    if args.check:
-        same = OUT.read_text() == text
-        print("activations.toml matches the installed transformers" if same else
-              "activations.toml differs from the installed transformers: re-derive it")
-        return 0 if same else 1
-    OUT.write_text(text)
-    print(f"wrote {OUT}")
-    return 0
+    return write_or_check(__doc__.splitlines()[0], OUT, lambda: render(derive()), "transformers", argv)
 
 
 if __name__ == "__main__":

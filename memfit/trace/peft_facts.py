@@ -14,12 +14,13 @@ with the real widths, so a new model needs no new rule, and a PEFT release that 
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from itertools import product
 from pathlib import Path
 
 import torch
+
+from memfit.trace.fact_file import write_or_check
 
 OUT = Path(__file__).resolve().parent.parent / "facts" / "data" / "peft.toml"
 SIZES = {"T": 29, "I": 11, "O": 13, "R": 7}  # tokens, in_features, out_features, rank
@@ -174,17 +175,7 @@ def render(facts: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="compare with the shipped table instead of writing")
-    args = parser.parse_args(argv)
-    text = render(derive())
-    if args.check:
-        same = OUT.read_text() == text
-        print("peft.toml matches the installed PEFT" if same else "peft.toml differs from the installed PEFT: re-derive it")
-        return 0 if same else 1
-    OUT.write_text(text)
-    print(f"wrote {OUT}")
-    return 0
+    return write_or_check(__doc__.splitlines()[0], OUT, lambda: render(derive()), "PEFT", argv)
 
 
 if __name__ == "__main__":
