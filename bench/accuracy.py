@@ -54,6 +54,7 @@ from memfit.facts.catalog import find_model  # noqa: E402
 from memfit.facts.scenario import Scenario  # noqa: E402
 from memfit.roles.estimate import estimate  # noqa: E402
 from memfit.roles.result import Estimate  # noqa: E402
+from memfit.facts.versions import installed  # noqa: E402
 
 ROWS_PATH = ROOT / "bench" / "accuracy_rows.json"
 # The categories the trace models; the estimate's other ones (runtime_overhead, engine_buffers) are
@@ -268,7 +269,7 @@ def print_table(comparisons: list[Comparison], console=None, title: str = "memfi
 
 
 def write_rows(comparisons: list[Comparison], path: Path = ROWS_PATH) -> None:
-    doc = {"schema": "memfit.accuracy_rows/1", "gpu": GPU_ID,
+    doc = {"schema": "memfit.accuracy_rows/1", "gpu": GPU_ID, "versions": installed(),
            "compared_categories": list(COMPARED), "summary": extended_summary(scoreboard(comparisons)),
            "groups": group_summaries(comparisons),
            "rows": [c.to_json() for c in comparisons]}
@@ -316,14 +317,16 @@ def main(argv: list[str] | None = None) -> int:
     if a.rows_json and not a.quick and not a.rows:
         write_rows(comparisons, Path(a.rows_json))
     if a.summary_json:  # the SFT grid's summary, then the DPO and MoE groups'
-        print(json.dumps(summary(scoreboard(comparisons)) | {"groups": group_summaries(comparisons)}))
+        print(json.dumps(summary(scoreboard(comparisons)) | {"groups": group_summaries(comparisons),
+                                                             "versions": installed()}))
         return 0
     print_table(comparisons)
     ok = [c for c in comparisons if c.ok]
     worst = sorted(ok, key=lambda c: -abs(c.total_error))[: a.worst]
     if len(ok) > a.worst:
         print_table(worst, title=f"{len(worst)} worst rows")
-    print(json.dumps(extended_summary(scoreboard(comparisons)) | {"groups": group_summaries(comparisons)}, indent=1))
+    print(json.dumps(extended_summary(scoreboard(comparisons)) | {"groups": group_summaries(comparisons),
+                                                                  "versions": installed()}, indent=1))
     print(f"trace {traced_s:.0f} s, estimate + compare {compare_s:.1f} s")
     return 0
 

@@ -208,6 +208,7 @@ def main(argv=None) -> int:
                                     "instead of running the engines again: for iterating on the estimator")
     ap.add_argument("--save", help="save the raw measurements to this file")
     args = ap.parse_args(argv)
+    from memfit.facts.versions import installed
     from memfit.measure import run_batch
     from memfit.measure.result import MeasureResult
 
@@ -222,9 +223,10 @@ def main(argv=None) -> int:
             Path(args.save).write_text(json.dumps([r.to_json() for r in results]))
     out = [compare(s, r) for s, r in zip(scenarios, results)]
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": out, "summary": summary(out)}, indent=1))
+        Path(args.json).write_text(json.dumps({"rows": out, "summary": summary(out), "versions": installed()},
+                                              indent=1))
     if args.summary_json:
-        print(json.dumps(summary(out)))
+        print(json.dumps(summary(out) | {"versions": installed()}))
         return 0
     print(table(out))
     print(f"\n{len(out)} runs, 2 ranks (gloo, CPU), {args.steps} steps each, {time.time() - started:.0f} s; "

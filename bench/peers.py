@@ -76,6 +76,7 @@ import published  # noqa: E402
 from memfit.facts.catalog import ModelSpec  # noqa: E402
 from memfit.errors import MemfitError  # noqa: E402
 from memfit.facts.scenario import Scenario  # noqa: E402
+from memfit.facts.versions import installed  # noqa: E402
 
 GIB = 2**30
 PEERS = ("deepspeed", "accelerate", "llm-analysis", "fitcheck")
@@ -313,10 +314,10 @@ def _gpu_outcome(case: dict) -> str | None:
 
 
 def published_rows(path: Path) -> tuple[list[tuple[PeerRow, Scenario]], list[tuple[str, str]]]:
-    cases = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     rows, skipped = [], []
-    for case in cases:
-        r = published.evaluate(case)
+    for raw in published.read_cases(path):  # any shape the case schema allows; a bad row is skipped, with why
+        r = published.evaluate(raw)
+        case = r.case  # normalized: every key this reads in one shape
         if r.skip:
             skipped.append((case["id"], r.skip))
             continue
@@ -537,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = run_peers(pairs)
     result = summary(rows)
     if a.json:
-        Path(a.json).write_text(json.dumps({"summary": result, "rows": [
+        Path(a.json).write_text(json.dumps({"summary": result, "versions": installed(), "rows": [
             {"id": r.id, "kind": r.kind, "scenario": r.scenario_text, "truth": r.truth, "truth_label": r.truth_label,
              "memfit": r.memfit, "memfit_error_pct": r.error(r.memfit), "outcome": r.outcome,
              "memfit_label": r.memfit_label,
@@ -546,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
                        for p in PEERS}}
             for r in rows], "skipped": skipped}, indent=1))
     if a.summary_json:
-        print(json.dumps(result))
+        print(json.dumps(result | {"versions": installed()}))
         return 0
     print_rows(rows, skipped, result)
     print(f"{len(rows)} rows in {time.perf_counter() - started:.0f} s")

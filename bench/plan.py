@@ -47,6 +47,7 @@ from memfit.planner.step_time import step_time  # noqa: E402
 from memfit.roles.estimate import estimate  # noqa: E402
 from memfit.facts.profiles import build_scenario  # noqa: E402
 from memfit.facts.scenario import Hardware  # noqa: E402
+from memfit.facts.versions import installed  # noqa: E402
 
 DEFAULT_CASES = HERE.parent.parent / "shared" / "cases" / "user-reports.jsonl"
 TOP = 3
@@ -349,6 +350,7 @@ def main() -> int:
     seconds = [r["seconds"] for r in results if "seconds" in r] + [s for _, s, _ in stress]
     if a.summary_json:
         print(json.dumps({
+            "versions": installed(),
             "search_seconds_max": round(max(seconds), 3),
             "reports": [{"id": r["id"], "plan_fits": r["plan_fits"], "reported_fix_in_top3": r["reported_fix_in_top3"]}
                         | ({} if r["covered"] else {"covered": False, "reason": r["reason"]})

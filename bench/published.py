@@ -25,6 +25,7 @@ from memfit.facts.profiles import build_scenario  # noqa: E402
 from memfit.facts.knobs import knob  # noqa: E402
 from memfit.facts.methods import several_models  # noqa: E402
 from memfit.facts.scenario import Hardware  # noqa: E402
+from memfit.facts.versions import installed  # noqa: E402
 
 NUMERIC_BASES = ("allocated", "active", "reserved", "device_total", "unknown")
 # Which estimate profile answers each basis; "active" is torch's peak active bytes, about allocated;
@@ -42,6 +43,90 @@ TWEET_TOKENS = 64
 
 class Skip(Exception):
     pass
+
+
+@dataclass
+class BadLine:
+    """A line of the case file that is not JSON (read_cases): evaluated as a skipped row."""
+    line: int
+    error: str
+
+
+# The case schema (../shared/cases/README.md) by the kind of value each key holds. A source may write any of them
+# as null, a number as a string ("24"), text as a list of strings (lora_targets: ["q_proj", "v_proj"]) and a unit
+# in any case ("gib"); `normalize` turns each into the one shape this bench reads, or skips the row saying which key
+# it cannot read. Keys not listed are carried as they are (nothing here reads them).
+TEXT_KEYS = ("id", "model", "profile", "method", "lora_targets", "precision", "quantization", "optimizer", "distributed",
+             "offload", "gpu_type", "seq_len_kind", "attention_impl", "kernels", "measured_kind", "basis",
+             "measured_unit", "value_scope", "outcome", "notes", "source_detail", "reliability", "framework")
+COUNT_KEYS = ("lora_rank", "lora_alpha", "zero_stage", "num_gpus", "micro_batch_size", "grad_accum", "seq_len")
+NUMBER_KEYS = ("params_b", "gpu_mem_gb", "measured_value", "host_ram_value")
+FLAG_KEYS = ("gradient_checkpointing", "compile")
+FLAG_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+LIST_KEYS = ("lora_targets",)  # text that may come as a list, kept a list (_lora_targets reads either)
+
+
+def _text(key: str, value):
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float)) for v in value):
+        return [str(v) for v in value] if key in LIST_KEYS else ", ".join(map(str, value))
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise Skip(f"case key {key!r}: expected text, got {type(value).__name__} {value!r:.40}")
+
+
+def _number(key: str, value) -> float:
+    text = value.strip() if isinstance(value, str) else value
+    if isinstance(text, (int, float)) and not isinstance(text, bool) and text == text and abs(text) != float("inf"):
+        return text
+    try:
+        return float(text) if isinstance(text, str) and text and float(text) == float(text) else _bad(key, value)
+    except ValueError:
+        return _bad(key, value)
+
+
+def _bad(key: str, value):
+    raise Skip(f"case key {key!r}: expected a number, got {type(value).__name__} {value!r:.40}")
+
+
+def _count(key: str, value) -> int:
+    number = _number(key, value)
+    if number != int(number):
+        raise Skip(f"case key {key!r}: expected a whole number, got {value!r:.40}")
+    return int(number)
+
+
+def _flag(key: str, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower() if isinstance(value, (str, int)) else None
+    if word in FLAG_WORDS:
+        return FLAG_WORDS[word]
+    raise Skip(f"case key {key!r}: expected true or false, got {type(value).__name__} {value!r:.40}")
+
+
+READERS = {**{k: _text for k in TEXT_KEYS}, **{k: _count for k in COUNT_KEYS}, **{k: _number for k in NUMBER_KEYS},
+           **{k: _flag for k in FLAG_KEYS}}
+
+
+def normalize(case) -> dict:
+    """The case with every key this bench reads in one shape (None, or the kind its schema row says); Skip names
+    the first key it cannot read."""
+    if isinstance(case, BadLine):
+        raise Skip(f"line {case.line} is not JSON: {case.error}")
+    if not isinstance(case, dict):
+        raise Skip(f"a case is a JSON object, got {type(case).__name__}")
+    out = dict(case)
+    for key, read in READERS.items():
+        value = case.get(key)
+        out[key] = None if value is None else read(key, value)
+    out["id"] = out["id"] or "(no id)"
+    if not out["model"]:
+        raise Skip("case has no model")
+    if out["measured_value"] is not None and not 0 < out["measured_value"] < 1e6:
+        raise Skip(f"measured_value {out['measured_value']!r} is not a memory size (0 to 1e6 {out['measured_unit']})")
+    if out["gpu_mem_gb"] is not None and not 0 < out["gpu_mem_gb"] < 1e6:
+        raise Skip(f"gpu_mem_gb {out['gpu_mem_gb']!r} is not a GPU's memory")
+    return out
 
 
 @dataclass
@@ -218,12 +303,34 @@ def scenario_for(case: dict):
     return build_scenario(model, hardware, knobs, case.get("profile") or "hf-trainer")
 
 
+UNIT_BYTES = {"b": 1, "byte": 1, "bytes": 1, "kb": 1e3, "kib": 2**10, "mb": 1e6, "mib": 2**20, "gb": 1e9, "gib": 2**30,
+              "tb": 1e12, "tib": 2**40}
+
+
 def _unit_bytes(case: dict) -> float:
+    """The case's unit, in any case ("GiB", "gib", "GiB allocated at OOM"); unstated or unknown: GB as most sources."""
     unit = (case.get("measured_unit") or "").lower()
-    return 2**30 if ("gib" in unit or "torchtune" in unit) else 1e9
+    if "torchtune" in unit:  # torchtune logs GiB whatever the source wrote beside the number
+        return 2**30
+    word = re.match(r"\s*([a-z]+)", unit)
+    return UNIT_BYTES.get(word.group(1), 1e9) if word else 1e9
+
+
+def _case_id(case) -> str:
+    """A row's name even when its id is missing or unreadable."""
+    if isinstance(case, BadLine):
+        return f"(line {case.line})"
+    if isinstance(case, dict) and isinstance(case.get("id"), (str, int)) and not isinstance(case.get("id"), bool):
+        return str(case["id"])
+    return "(no id)"
 
 
 def evaluate(case: dict) -> Row:
+    """One case: predicted vs measured on its basis, or skipped with the reason (never an exception)."""
+    try:
+        case = normalize(case)
+    except Skip as e:
+        return Row({"id": _case_id(case)}, skip=str(e))
     row = Row(case)
     try:
         s = scenario_for(case)
@@ -254,14 +361,60 @@ def _accuracy(rows: list[Row]) -> dict:
         "p90_abs_pct_error": round(errs[min(len(errs) - 1, int(0.9 * len(errs)))], 2) if errs else None,
         "n_labels": len(labels),
         "label_accuracy": round(sum(r.label_ok for r in labels) / len(labels), 4) if labels else None,
+        # the runs memfit would have sent to a crash (said fits, measured more), and the other side
+        "under_10pct_share": round(sum(r.error_pct < -10 for r in numeric) / len(numeric), 4) if numeric else None,
+        "over_10pct_share": round(sum(r.error_pct > 10 for r in numeric) / len(numeric), 4) if numeric else None,
     }
 
 
+# issue 11's bar for the published cases: (summary key, target, met when the value is at most / at least it)
+TARGETS = (("median_abs_pct_error", 5.0, "max"), ("p90_abs_pct_error", 20.0, "max"),
+           ("oom_recall", 0.95, "min"), ("under_10pct_share", 0.05, "max"))
+
+
+def targets(summary: dict) -> dict:
+    out = {}
+    for key, target, side in TARGETS:
+        value = summary.get(key, summary["verdicts"].get(key))
+        met = value is not None and (value <= target if side == "max" else value >= target)
+        out[key] = {"value": value, "target": f"{'<=' if side == 'max' else '>='} {target:g}", "met": met}
+    return out
+
+
 def _is_moe(case: dict) -> bool:
+    if not isinstance(case.get("model"), str):  # a skipped row keeps only its id
+        return False
     try:
         return find_model(_model_name(case)).is_moe
     except MemfitError:
         return False
+
+
+def _verdict_rules(rows: list[Row]) -> dict:
+    """The verdicts of the cases with a real outcome under the old rule (a fixed 5% of the card: the card floor
+    with no band) and the error bands: OOM recall (called "oom"), real OOMs warned of (not called "fits"), real
+    OOMs called "fits", and real fits called "tight". A check of the bands, never an input to them."""
+    from memfit.memory.phases import verdict_of
+
+    seen = {"old_5pct": {"oom_called_fits": 0, "oom_warned": 0, "fits_called_tight": 0},
+            "bands": {"oom_called_fits": 0, "oom_warned": 0, "fits_called_tight": 0}}
+    n_oom = n_fits = oom_called_oom = 0
+    for r in rows:
+        outcome = {"fits_at_max": "fits"}.get(r.case.get("outcome"), r.case.get("outcome"))
+        if r.skip or outcome not in ("fits", "oom"):
+            continue
+        e = estimate(scenario_for(r.case))
+        old = verdict_of(e.margin_bytes, e.scenario.hardware.gpu.memory_bytes, e.host_margin_bytes, 0.0)
+        n_oom, n_fits, oom_called_oom = n_oom + (outcome == "oom"), n_fits + (outcome == "fits"), \
+            oom_called_oom + (outcome == "oom" and e.verdict == "oom")
+        for rule, verdict in (("old_5pct", old), ("bands", e.verdict)):
+            seen[rule]["oom_called_fits"] += outcome == "oom" and verdict == "fits"
+            seen[rule]["oom_warned"] += outcome == "oom" and verdict != "fits"
+            seen[rule]["fits_called_tight"] += outcome == "fits" and verdict == "tight"
+    for rule in seen.values():
+        rule["oom_warned_recall"] = round(rule.pop("oom_warned") / n_oom, 4) if n_oom else None
+    return {"n_real_oom": n_oom, "n_real_fits": n_fits,
+            "oom_recall": round(oom_called_oom / n_oom, 4) if n_oom else None, **seen}
 
 
 def summarize(rows: list[Row]) -> dict:
@@ -271,7 +424,8 @@ def summarize(rows: list[Row]) -> dict:
         reasons[r.skip] = reasons.get(r.skip, 0) + 1
     # mixture-of-experts cases are held to the same bar as the whole set, so they get their own line
     moe = _accuracy([r for r in rows if _is_moe(r.case)])
-    return {**_accuracy(rows), "n_skipped": len(skipped), "skipped_reasons": reasons, "moe": moe}
+    return {**_accuracy(rows), "n_skipped": len(skipped), "skipped_reasons": reasons, "moe": moe,
+            "verdicts": _verdict_rules(rows)}
 
 
 def print_rows(rows: list[Row]) -> None:
@@ -294,23 +448,38 @@ def print_rows(rows: list[Row]) -> None:
     Console(width=160).print(table)
 
 
+def read_cases(path: Path) -> list:
+    """One case per non-blank line; a line that is not JSON becomes a case `evaluate` skips with the reason."""
+    cases = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                cases.append(json.loads(line))
+            except (json.JSONDecodeError, RecursionError, ValueError) as e:
+                cases.append(BadLine(n, str(e).split(":")[0]))
+    return cases
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", default=str(Path(__file__).resolve().parents[2] / "shared/cases/published.jsonl"))
     p.add_argument("--summary-json", action="store_true")
     a = p.parse_args()
     try:
-        cases = [json.loads(line) for line in Path(a.cases).read_text().splitlines() if line.strip()]
-    except (OSError, json.JSONDecodeError) as e:
+        cases = read_cases(Path(a.cases))
+    except (OSError, UnicodeDecodeError) as e:
         print(f"published.py: error: cannot read cases {a.cases!r}: {e}", file=sys.stderr)
         return 2
     rows = [evaluate(c) for c in cases]
     summary = summarize(rows)
+    summary |= {"targets": targets(summary), "versions": installed()}
     if a.summary_json:
         print(json.dumps(summary))
     else:
         print_rows(rows)
         print(json.dumps(summary, indent=2))
+        for key, t in summary["targets"].items():
+            print(f"{key:<22} {t['value']!s:>8}  target {t['target']:<8} {'met' if t['met'] else 'NOT MET'}")
     return 0
 
 

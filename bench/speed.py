@@ -14,6 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from memfit.facts.versions import installed  # noqa: E402
+
 ARGS = ["Qwen/Qwen2-7B-Instruct", "--gpu", "rtx4090", "--gpus", "4", "--profile", "openrlhf", "--tuning", "full",
         "--zero", "3", "--micro-batch", "4", "--seq", "128", "--ckpt", "--attn", "flash"]
 
@@ -48,7 +50,7 @@ def main() -> int:
     a = p.parse_args()
     result = {"estimate_ms_median": round(estimate_ms(), 3), "cold_start_s": round(cold_start_s(), 3)}
     if a.summary_json:
-        print(json.dumps(result))
+        print(json.dumps(result | {"versions": installed()}))
     else:
         print(f"{'measure':<28}{'median':>10}{'target':>10}")
         print(f"{'one estimate (in-process)':<28}{result['estimate_ms_median']:>8.2f}ms{'<= 5 ms':>10}")

@@ -93,6 +93,8 @@ def fingerprint(scenario: Scenario) -> str:
     model = _plain(scenario.model)
     if isinstance(model, dict):
         model = {k: v for k, v in model.items() if k not in ANALYTIC_ONLY_MODEL_FACTS}
+        if model.get("position", "rope") != "learned":  # the trace builds positions only for a learned table
+            model.pop("max_position_embeddings", None)
     doc |= {"model": model, "compute_capability": scenario.hardware.gpu.compute_capability,
             "steps": TRACE_STEPS, "pad_tokens": PAD_TOKENS}
     text = json.dumps(doc, sort_keys=True, default=str, separators=(",", ":"))

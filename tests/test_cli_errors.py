@@ -63,6 +63,7 @@ def test_local_config_of_a_supported_architecture_works(tmp_path, capsys):
     (BASE + ["--micro-batch", "0"], "--micro-batch must be a positive integer"),
     (BASE + ["--seq", "-5"], "--seq-len/--seq must be a positive integer"),
     (BASE + ["--micro-batch", "2.5"], "expected a whole number"),
+    (BASE + ["--seq", "1e12"], "--seq-len/--seq must be within [1, 16,777,216]"),  # issue 14: was answered
     (BASE + ["--gpus", "0"], "--gpus"),
     (BASE + ["--gpu-mem", "-3GB"], "--gpu-mem"),
     (BASE + ["--gpu-mem", "lots"], "is not a size"),

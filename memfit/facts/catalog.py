@@ -205,11 +205,19 @@ def _suggest(name: str, candidates) -> str:
     return f"; did you mean: {', '.join(close)}?" if close else ""
 
 
+def _is_local(name: str) -> bool:
+    """Whether a model name is a path; a name the OS cannot even look up (too long, a NUL) is not one."""
+    try:
+        path = Path(name).expanduser()
+        return path.is_dir() or path.suffix == ".json" or name.startswith((".", "/", "~"))
+    except (OSError, ValueError, RuntimeError):  # RuntimeError: ~user of no such user
+        return False
+
+
 def find_model(name: str) -> ModelSpec:
     """A catalog model by id/alias, a local config.json / folder holding one, or a hub id the catalog lacks."""
-    path = Path(name).expanduser()
-    if path.is_dir() or path.suffix == ".json" or name.startswith((".", "/", "~")):
-        return model_from_config_file(path)
+    if _is_local(name):
+        return model_from_config_file(Path(name).expanduser())
     index = _model_index()
     key = _norm(name)
     if key in index:
@@ -259,13 +267,23 @@ def _config_file(path: Path) -> Path:
 
 
 def _read_config(path: Path) -> dict:
-    file = _config_file(path)
-    if not file.is_file():
+    try:
+        file = _config_file(path)
+        found = file.is_file()
+    except (OSError, ValueError):  # a path the OS refuses to look up (too long, a NUL byte)
+        file, found = path, False
+    if not found:
         raise MemfitError(f"cannot read model config {str(file)!r}: no such file (give a config.json or a folder holding one)")
     try:
-        data = json.loads(file.read_text())
+        data = json.loads(file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise MemfitError(f"malformed config.json {str(file)!r}: {e}") from None
+    except RecursionError:
+        raise MemfitError(f"malformed config.json {str(file)!r}: nested too deeply to be a model config") from None
+    except ValueError as e:  # int() refuses numbers of more than 4300 digits
+        raise MemfitError(f"malformed config.json {str(file)!r}: {str(e).split(':')[0]}") from None
+    except OSError as e:
+        raise MemfitError(f"cannot read model config {str(file)!r}: {e.strerror or e}") from None
     if not isinstance(data, dict):
         raise MemfitError(f"malformed config.json {str(file)!r}: expected a JSON object")
     if isinstance(data.get("text_config"), dict):  # multimodal wrappers (Gemma 3): the language model
@@ -350,18 +368,50 @@ def _quantization(data: dict, where: str) -> dict:
         raise MemfitError(f"{where}: quantization_config {method!r} with {bits} bits is not modelled; "
                           f"modelled: {', '.join(sorted(known))}")
     out = {"quantization": known[name]}
-    if isinstance(q.get("group_size"), int):
-        out["gptq_group_size"] = q["group_size"]
+    group = q.get("group_size")
+    if isinstance(group, int) and not isinstance(group, bool):
+        if group != -1 and not 0 < group < _MAX_SIZE:  # -1: one group per row (GPTQ's "no grouping")
+            raise _bad_value(where, "quantization_config.group_size", group, "-1 or a positive integer")
+        out["gptq_group_size"] = group
     return out
+
+
+# What a value read from a config.json must be, by the type of the ModelSpec field it fills. Sizes and counts
+# are below 2^31 (no real config comes near; a bigger one is a typo that would overflow the float arithmetic).
+_POSITIVE = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "vocab_size", "intermediate_size")
+_MAX_SIZE = 2**31
+_FIELD_TYPES = {f.name: f.type for f in fields(ModelSpec)}
+
+
+def _bad_value(path, key: str, value, what: str) -> MemfitError:
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+    return MemfitError(f"config {path}: {key} must be {what}, got {shown}")
+
+
+def _check_types(entry: dict, path) -> None:
+    """Every value read from the file has the type and range its field needs (one line naming the key)."""
+    for key, value in entry.items():
+        kind = _FIELD_TYPES.get(key, "int")  # family extras (num_decoder_layers, kv_lora_rank, ...) are counts
+        low = 1 if key in _POSITIVE else 0
+        if kind in ("int", "int | None"):
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value < _MAX_SIZE:
+                raise _bad_value(path, key, value, f"an integer from {low} to 2^31")
+        elif kind == "bool" and not isinstance(value, bool):
+            raise _bad_value(path, key, value, "true or false")
+        elif kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not 0 <= value <= 1):
+            raise _bad_value(path, key, value, "a probability from 0 to 1")
+        elif kind in ("str", "str | None") and not isinstance(value, str):
+            raise _bad_value(path, key, value, "a string")
 
 
 def model_from_config_file(path: Path) -> ModelSpec:
     data = _read_config(path)
     family, assumed = _family_of(data.get("model_type"))
     facts = architectures()[family]
+    read = _read_keys(data, facts)
     entry: dict = {"id": str(path), "arch": family, "config_source": f"local {path}",
-                   "config_file": str(_config_file(path)),
-                   **_read_keys(data, facts), **_quantization(data, str(path))}
+                   "config_file": str(_config_file(path)), **read, **_quantization(data, str(path))}
     divisor = facts.get("config_intermediate_divisor")
     if divisor and isinstance(entry.get("intermediate_size"), int):
         entry["intermediate_size"] //= divisor
@@ -374,9 +424,7 @@ def model_from_config_file(path: Path) -> ModelSpec:
         raise MemfitError(f"unsupported architecture model_type={data.get('model_type')!r}: a mixture of experts "
                           f"({experts[0]}) of a family memfit does not know; known MoE families: "
                           f"mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3")
-    for key in ("hidden_size", "num_layers", "num_heads", "vocab_size", "intermediate_size"):
-        if key in entry and (not isinstance(entry[key], int) or entry[key] <= 0):
-            raise MemfitError(f"config {path}: {key} must be a positive integer, got {entry[key]!r}")
+    _check_types({k: entry[k] for k in read}, path)
     if "intermediate_size" not in entry:  # GPT-2 style n_inner null: the code uses a multiple of hidden
         multiple = facts.get("intermediate_default_multiple")
         if multiple is None:

@@ -32,6 +32,7 @@ class Knob:
     profile: bool = False  # framework profiles give a default
     assumed: bool = True  # a profile default filled in is listed under "assumed"
     when: str | None = None  # deepspeed | fsdp | adapters | several: where the knob acts
+    needs: str | None = None  # offload | zero3: a finer condition inside `when` (only to tell the user)
     aliases: tuple[str, ...] = ()
     const: object = None  # the value of the bare flag
     group: str = "training"
@@ -70,9 +71,14 @@ class Knob:
         low_ok = (self.min is None or value >= self.min) and (self.above is None or value > self.above)
         high_ok = (self.max is None or value <= self.max) and (self.below is None or value < self.below)
         if not (low_ok and high_ok):
-            lo = f"[{self.min:g}" if self.min is not None else f"({self.above:g}" if self.above is not None else "(-inf"
-            hi = f"{self.max:g}]" if self.max is not None else f"{self.below:g})" if self.below is not None else "inf)"
-            raise MemfitError(f"{self.label} must be within {lo}, {hi}, got {value!r}")
+            show = self._show
+            lo = f"[{show(self.min)}" if self.min is not None else f"({show(self.above)}" if self.above is not None else "(-inf"
+            hi = f"{show(self.max)}]" if self.max is not None else f"{show(self.below)})" if self.below is not None else "inf)"
+            raise MemfitError(f"{self.label} must be within {lo}, {hi}, got {show(value)}")
+
+    def _show(self, x) -> str:
+        """A bound as people read it: 16,777,216 for a count (not 1.67772e+07), 0.5 for a ratio."""
+        return f"{int(x):,}" if self.type == "int" and float(x).is_integer() else f"{x:g}"
 
 
 def _knob(name: str, section: str, row: dict) -> Knob:
@@ -116,16 +122,32 @@ def knob(name: str) -> Knob:
     return knobs()[name]
 
 
+# Each `when` / `needs` value of the table: whether it holds on a run.
+CONDITIONS = {
+    "deepspeed": lambda s: s.engine == "deepspeed", "fsdp": lambda s: s.engine == "fsdp",
+    "adapters": lambda s: s.uses_adapters, "qlora": lambda s: s.tuning == "qlora",
+    "freeze": lambda s: s.tuning == "freeze", "every_n": lambda s: s.checkpointing == "every_n",
+    "virtual_tokens": lambda s: s.virtual_tokens_in_use > 0, "several": lambda s: several_models(s.method),
+    "offload": lambda s: s.offload_optimizer != "none" or s.offload_param != "none",
+    "zero3": lambda s: s.zero_stage == 3,
+}
+
+
 def acts(s, name: str) -> bool:
     """Whether a knob acts on this run (its `when`): another engine's settings, adapter settings without
     adapters, several-model settings of a single-model run do nothing."""
     when = knobs()[name].when
-    if when is None:
-        return True
-    return {"deepspeed": s.engine == "deepspeed", "fsdp": s.engine == "fsdp", "adapters": s.uses_adapters,
-            "qlora": s.tuning == "qlora", "freeze": s.tuning == "freeze", "every_n": s.checkpointing == "every_n",
-            "virtual_tokens": s.virtual_tokens_in_use > 0,
-            "several": several_models(s.method)}[when]
+    return when is None or CONDITIONS[when](s)
+
+
+def inert_because(s, name: str) -> str | None:
+    """Why a knob does nothing on this run (its `when`, then its `needs`, in the words of [condition.*]), or None
+    when it acts."""
+    k = knobs()[name]
+    for condition in (k.when, k.needs):
+        if condition and not CONDITIONS[condition](s):
+            return _table()["condition"][condition].format_map({n: getattr(s, n) for n in knobs()})
+    return None
 
 
 def acting_when(when: str) -> tuple[str, ...]:

@@ -5,13 +5,16 @@ and records each default it took, so the output can say which assumptions the es
 """
 from __future__ import annotations
 
+from collections.abc import Collection
+from dataclasses import replace
+
 from memfit.errors import MemfitError
 from memfit.facts.adapters import adapter_methods, method_info, wraps
 from memfit.facts.catalog import ModelSpec
 from memfit.facts.engines import ENGINES
 from memfit.facts.engines.deepspeed import hf_auto_buckets
 from memfit.facts.frameworks import Framework, framework
-from memfit.facts.knobs import acting_when, knobs
+from memfit.facts.knobs import acting_when, inert_because, knobs
 from memfit.facts.methods import several_models
 from memfit.facts.scenario import Hardware, Scenario
 
@@ -57,14 +60,9 @@ def _unknown(given: dict) -> None:
         raise MemfitError(f"unknown knob {unknown[0]!r}; the knobs are listed by `memfit estimate --help`")
 
 
-def _engine_values(engine: str, given: dict, fw: Framework, model: ModelSpec, assumed: list[str]) -> dict:
-    """The knobs of the engine in use; another engine's knobs the user gave do nothing, and we say so."""
+def _engine_values(engine: str, given: dict, fw: Framework, model: ModelSpec) -> dict:
+    """The knobs of the engine in use (another engine's knobs the user gave do nothing: `_inert` says so)."""
     values: dict = {}
-    for other in ("deepspeed", "fsdp"):
-        stated = [k for k in acting_when(other) if k in given and given[k] != knobs()[k].default]
-        if other != engine and stated:
-            assumed.append(f"ignored {', '.join(knobs()[k].flag for k in stated)}: {other} settings, and the "
-                           f"engine is {engine}")
     if engine == "deepspeed":
         stage = given.get("zero_stage", 0)
         values = {"zero_stage": stage, **zero_buckets(fw, model, stage)}
@@ -75,10 +73,16 @@ def _engine_values(engine: str, given: dict, fw: Framework, model: ModelSpec, as
     return values
 
 
-def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, profile_name: str = "hf-trainer") -> Scenario:
-    """`knobs_given` holds what the user said (None or absent = not said); the profile fills the rest."""
+def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, profile_name: str = "hf-trainer",
+                   typed: Collection[str] = ()) -> Scenario:
+    """`knobs_given` holds what the user said (None or absent = not said); the profile fills the rest. `typed` names
+    the knobs the user typed on the command line: one of them that does nothing on this run (its `when` / `needs`
+    in the knob table) is an error; any other given knob that does nothing (an inert key of a framework file) is
+    listed under "assumed" as ignored."""
     given = {k: v for k, v in knobs_given.items() if v is not None}
     _unknown(given)
+    for name, value in given.items():  # before the method and engine are looked up by name below
+        knobs()[name].check(value)
     fw = framework(profile_name)
     assumed: list[str] = []
     values: dict = {}
@@ -101,7 +105,7 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
         values["lora_targets"] = tuple(values["lora_targets"])
     engine = _engine(given, fw.defaults, hardware, assumed, profile_name)
     values["engine"] = engine
-    values |= _engine_values(engine, given, fw, model, assumed)
+    values |= _engine_values(engine, given, fw, model)
     upcast = ENGINES[engine].kbit_upcast_default()
     if upcast is not None and "kbit_upcast" not in given:
         values["kbit_upcast"] = upcast
@@ -109,7 +113,43 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
         assumed.append("lora rank=8, targets=all-linear")
     if values.get("tuning") in adapter_methods():
         _peft_defaults(values, given, assumed)
-    return Scenario(model=model, hardware=hardware, profile=profile_name, assumed=tuple(assumed), **values)
+    s = Scenario(model=model, hardware=hardware, profile=profile_name, assumed=tuple(assumed), **values)
+    notes = _inert(s, given, typed) + _beyond_positions(s)
+    return replace(s, assumed=s.assumed + tuple(notes)) if notes else s
+
+
+def _inert(s: Scenario, given: dict, typed: Collection[str]) -> list[str]:
+    """A knob set on a run where it does nothing is never dropped silently: typed -> an error, from a file -> a note.
+    A file's inert key at the knob's default (OpenRLHF always writes pin_memory) says nothing worth a note."""
+    notes = []
+    for name, value in given.items():
+        why = inert_because(s, name)
+        if why is None:
+            continue
+        k = knobs()[name]
+        if name in typed:
+            raise MemfitError(f"{k.label} has no effect here: {why}; leave it out")
+        if value != k.default:
+            shown = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+            notes.append(f"ignored {k.flag}={shown}: {why}")
+    return notes
+
+
+# What a sequence past the model's positions means in the real code, per kind of position encoding.
+BEYOND_POSITIONS = {
+    "rope": "it runs only with RoPE scaling (rope_scaling) or a longer-context checkpoint",
+    "alibi": "ALiBi runs it, but the model never trained on such lengths",
+    "learned": "the learned position table has no row for it: the real run fails",
+}
+
+
+def _beyond_positions(s: Scenario) -> list[str]:
+    """A warning, not an error: RoPE-scaled runs past the trained length exist. 0 positions = unknown, no warning."""
+    limit, tokens = s.model.max_position_embeddings, s.seq_len + s.virtual_tokens_in_use
+    if not limit or tokens <= limit:
+        return []
+    return [f"sequence of {tokens:,} tokens is beyond the model's max_position_embeddings ({limit:,}): "
+            f"{BEYOND_POSITIONS.get(s.model.position, BEYOND_POSITIONS['rope'])}; memory is estimated as given"]
 
 
 def _peft_defaults(values: dict, given, assumed: list[str]) -> None:

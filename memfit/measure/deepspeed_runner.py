@@ -69,6 +69,13 @@ class DeepSpeedRunner(Runner):
     def step(self, boundary: bool):
         self.engine.step()
 
+    def check_trained(self):
+        """A run whose every step overflowed never built the optimizer's states (torch Adam makes m and v at
+        its first step): its peak would be short by them, so it is not a measurement of this scenario."""
+        if self.engine.global_steps and self.engine.skipped_steps >= self.engine.global_steps:
+            raise RuntimeError(f"DeepSpeed skipped all {self.engine.global_steps} steps (loss or gradients not "
+                               "finite): the optimizer never stepped, so the measured peak lacks its states")
+
     def save(self, path: Path):
         self.engine.save_checkpoint(str(path), tag="memfit")
 

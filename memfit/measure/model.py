@@ -27,15 +27,37 @@ def build_model(scenario: Scenario, device: str = "cpu", init_context=None, mode
     if init_context is None or not _peft_on_plain_weights(scenario):
         with init_context or contextlib.nullcontext():
             built = tb.build_model(scenario, device=device)
-        return built.model, built.autocast_dtype, built.notes
+        return built.model, built.autocast_dtype, built.notes + repair_uninitialized(built.model)
     # Under zero.Init only the base model is built partitioned; PEFT adds the adapters afterwards, outside
     # the context, as a training script does (adapters made inside it come out with 0 elements).
     with init_context:
-        built = tb.build_model(scenario.with_changes(tuning="full", lora=None), device=device)
+        built = tb.build_model(scenario.with_changes(tuning="full"), device=device)
     model = apply_peft(built.hf_model, scenario, built.family)
     model.train()
     tb.set_dtypes(model, scenario)
-    return model, built.autocast_dtype, built.notes
+    return model, built.autocast_dtype, built.notes + repair_uninitialized(model)
+
+
+def repair_uninitialized(model) -> list[str]:
+    """Give random values to parameters that model construction left as raw `torch.empty` memory.
+
+    Under zero.Init, transformers 5.24 leaves Mixtral's router and stacked experts uninitialized (its
+    `_init_weights` writes to the empty local stand-ins, not the partitions): the loss is NaN, DeepSpeed
+    skips every step as an overflow, Adam never creates m and v, and the measured peak is the optimizer's
+    2 x 4 B x P short (bench/engine.py's Mixtral ZeRO-3 row, FINDINGS.md). Only reductions to a scalar
+    and in-place writes: nothing the size of a weight is allocated, so the measured load is unchanged."""
+    std = getattr(getattr(model, "config", None), "initializer_range", 0.02)
+    repaired = []
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            local = getattr(p, "ds_tensor", p.data)
+            if local.numel() == 0 or not local.is_floating_point():
+                continue
+            extreme = max(abs(local.amax().item()), abs(local.amin().item()))
+            if not extreme < 1e4:  # also catches nan
+                local.normal_(0.0, std)
+                repaired.append(name)
+    return [f"{len(repaired)} uninitialized parameters given random values (e.g. {repaired[0]})"] if repaired else []
 
 
 def _peft_on_plain_weights(scenario: Scenario) -> bool:

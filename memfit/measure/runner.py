@@ -104,6 +104,9 @@ class Runner:
                 if isinstance(v, torch.Tensor):
                     self.tk.claim(v, "optimizer_states", side, f"{name}.{k}")
 
+    def check_trained(self):
+        """Raise when the steps did not train (see DeepSpeedRunner.check_trained)."""
+
     def close(self):
         self.model = self.optimizer = None
         gc.collect()

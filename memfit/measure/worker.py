@@ -221,6 +221,7 @@ def run_job(job: dict, rank: int) -> tuple[RankMeasurement, tuple[int, int]]:
                 runner.step(boundary)
                 runner.walk()
                 rss.end()
+        runner.check_trained()
         rss.point("steady")
         tk.reset_claims()
         runner.walk()

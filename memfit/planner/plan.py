@@ -18,7 +18,7 @@ from memfit.errors import MemfitError
 from memfit.facts.scenario import Scenario
 from memfit.planner.changes import Change, measure
 from memfit.planner.knobs import StateKnobs, config_of
-from memfit.planner.search import Candidate, Search, check_allow, run_search
+from memfit.planner.search import Candidate, Keep, Search, check_allow, run_search
 from memfit.planner.space import Options, least_memory
 
 
@@ -53,14 +53,15 @@ def row(c: Candidate, changes: tuple[Change, ...]) -> PlanRow:
 
 
 def plan(base: Scenario, allow: set[str] | None = None, global_batch: int | None = None,
-         top_k: int = 5, options: Options = Options()) -> list[PlanRow]:
+         top_k: int = 5, options: Options = Options(), keep: Keep = Keep()) -> list[PlanRow]:
     """The `top_k` fastest configurations that fit (device and host), derived from `base`.
 
     `allow` may contain "lora", "qlora" (tuning changes) and "8bit" (8-bit optimizer states). The global
     batch (micro-batch x gradient accumulation x GPUs) is kept: `global_batch`, or the base's own.
+    `keep` (memfit fit): axes left as the user has them, and only settings the user's file can say.
     Several-model methods (DPO, PPO, ...) place every model the way their framework does (memfit/roles/).
     """
-    search, rows = run_search(base, check_allow(allow), global_batch, top_k, options)
+    search, rows = run_search(base, check_allow(allow), global_batch, top_k, options, keep)
     cache: dict = {}
     return [row(c, measure(search, c, cache)) for c in rows]
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from memfit.errors import MemfitError
 from memfit.facts import methods
@@ -34,7 +35,12 @@ from memfit.planner.step_time import step_time
 from memfit.roles.estimate import estimate
 
 ALLOW = ("lora", "qlora", "8bit")
-FITTING = ("fits", "tight")
+# `memfit fit` keeps the data of a step as the user has it: these axes stay unless --allow names the word
+# (packing puts other rows together: another batch per step)
+DATA_CHANGES = {"packing": "padding"}
+# a plan fits only when it clears its error band, as the estimate's verdict says (memfit/memory/phases.py):
+# a "tight" run sits inside the band and may run out of memory
+FITTING = ("fits",)
 DEADLINE_SECONDS = 1.8  # safety stop for the search; the rows found so far are returned
 # MEMFIT_PLAN_DEADLINE (seconds) overrides it: the tests set it high, so a loaded machine cannot change a plan
 DEADLINE_ENV = "MEMFIT_PLAN_DEADLINE"
@@ -58,8 +64,8 @@ def judge(e, resume: bool = True) -> Judged:
     hw = e.scenario.hardware
     host_peak = max(b.total for phase, b in e.host.phases.items() if resume or phase != "resume")
     host_margin = None if hw.host_ram is None else hw.host_ram - host_peak
-    return Judged(verdict_of(e.margin_bytes, hw.gpu.memory_bytes, host_margin), e.device_total.peak.total,
-                   e.margin_bytes, host_peak, host_margin)
+    verdict = verdict_of(e.margin_bytes, hw.gpu.memory_bytes, host_margin, e.band_fraction)
+    return Judged(verdict, e.device_total.peak.total, e.margin_bytes, host_peak, host_margin)
 
 
 @dataclass
@@ -93,6 +99,29 @@ def check_allow(allow) -> set[str]:
     return allow
 
 
+@dataclass(frozen=True)
+class Keep:
+    """What a search for `memfit fit` leaves as the user has it: `axes` stay at the user's value, and with
+    `expressible` (scenario, axes a code edit reaches -> bool: can the user's file say it?) only settings the
+    file can say are searched, so the search runs on to the fastest plan the file can express."""
+
+    axes: frozenset = frozenset()
+    expressible: Callable | None = field(default=None, compare=False)
+
+
+def fit_allow(words) -> tuple[set[str], frozenset]:
+    """`memfit fit --allow`: the tuning changes for the search, and the axes kept (the data changes not named)."""
+    words = {w.strip().lower() for w in (words or ()) if w.strip()}
+    if "seq" in words or "truncation" in words:
+        raise MemfitError("--allow seq: memfit fit never changes the sequence length; `memfit plan MODEL ... "
+                          "--max-seq` finds the longest that fits")
+    unknown = words - set(ALLOW) - set(DATA_CHANGES)
+    if unknown:
+        raise MemfitError(f"--allow {','.join(sorted(unknown))} is not known; choose from: "
+                          f"{', '.join((*ALLOW, *DATA_CHANGES))}")
+    return words & set(ALLOW), frozenset(axis for word, axis in DATA_CHANGES.items() if word not in words)
+
+
 def method_facts(base: Scenario) -> dict | None:
     """data/methods.toml facts of a several-model method (Scenario has checked the name), else None."""
     if not several_models(base):
@@ -101,7 +130,8 @@ def method_facts(base: Scenario) -> dict | None:
 
 
 class Search:
-    def __init__(self, base: Scenario, allow: set[str], global_batch: int | None, options: Options = Options()):
+    def __init__(self, base: Scenario, allow: set[str], global_batch: int | None, options: Options = Options(),
+                 keep: Keep = Keep()):
         self.per_gpu = per_gpu_batch(base, global_batch)
         self.builder = Builder(base, self.per_gpu)
         self.base = base
@@ -109,13 +139,39 @@ class Search:
         self.opts = search_options(base.profile, options)
         self.facts = method_facts(base)
         self.bk, self.ak = state_of(base), act_of(base)
-        self.states = state_options(base, self.bk, self.opts, allow, self.facts)
-        acts = act_options(base, self.ak, self.opts, self.per_gpu, self.facts is not None)
+        self.states = self._kept(state_options(base, self.bk, self.opts, allow, self.facts), self.bk, keep)
+        acts = self._kept(act_options(base, self.ak, self.opts, self.per_gpu, self.facts is not None), self.ak, keep)
+        if keep.expressible is not None:  # before pareto: a setting the file cannot say beats none
+            self.states, acts = self._expressible(self.states, acts, keep.expressible)
         self.acts = pareto(acts, self.ak)
         self.losses = unique(a.loss for a in self.acts)
         self.built: dict[tuple[StateKnobs, ActKnobs], Candidate | None] = {}
         self.started = time.perf_counter()
         self.estimates = 0
+
+    @staticmethod
+    def _kept(options: list, user, keep: Keep) -> list:
+        return [o for o in options if all(getattr(o, n) == getattr(user, n) for n in keep.axes if hasattr(user, n))]
+
+    def _expressible(self, states: list, acts: list, says: Callable) -> tuple[list, list]:
+        """The settings the user's file can say: each model-state setting as a whole (sharding, offload and
+        ratio go together), each activation value alone (one key each). A setting the frameworks reject is
+        left for the search to drop."""
+        def ok(k: StateKnobs, a: ActKnobs) -> bool:
+            try:
+                s = self.builder.scenario(k, a)
+            except MemfitError:
+                return True
+            return says(s, self.edited(k))
+
+        states = [k for k in states if k == self.bk or ok(k, self.ak)]
+        values: dict[tuple, bool] = {}
+        for a in acts:
+            for name in changed(self.ak, a):
+                if (name, getattr(a, name)) not in values:
+                    values[(name, getattr(a, name))] = ok(self.bk, replace(self.ak, **{name: getattr(a, name)}))
+        acts = [a for a in acts if all(values[(n, getattr(a, n))] for n in changed(self.ak, a))]
+        return states, acts
 
     def build(self, k: StateKnobs, a: ActKnobs) -> Candidate | None:
         """The candidate for these knobs (built once: bounds, feasibility, rows and changes ask again)."""
@@ -161,7 +217,7 @@ class Search:
                 verdict = self.estimate(low).verdict
                 if verdict in FITTING:
                     return True
-                if verdict == "oom":
+                if verdict in ("oom", "tight"):
                     break  # the host-friendly setting needs more device memory still
         return False
 
@@ -192,7 +248,7 @@ class Search:
             if any(le(o, c.act) for o in out_of_memory):
                 continue
             e = self.estimate(c)
-            if e.verdict == "oom":
+            if e.verdict in ("oom", "tight"):  # short of the card or of its error band: more memory is too
                 out_of_memory.append(c.act)
             elif fits(e):
                 best = c  # the first fit, or one within tolerance with fewer changes
@@ -282,8 +338,8 @@ class Ranking:
 
 
 def run_search(base: Scenario, allow: set[str], global_batch: int | None, top_k: int,
-            options: Options) -> tuple[Search, list]:
-    search = Search(base, allow, global_batch, options)
+            options: Options, keep: Keep = Keep()) -> tuple[Search, list]:
+    search = Search(base, allow, global_batch, options, keep)
     bounded = sorted(((search.upper_bound(k), k) for k in search.states), key=lambda x: -x[0])
     ranking = Ranking(search.bk, search.ak, top_k, search.family)
     for bound, k in bounded:

@@ -9,6 +9,7 @@ top-level profiles are the worst GPU group's; a single-model run is one role in 
 from __future__ import annotations
 
 from memfit.facts.catalog import ModelSpec
+from memfit.facts.error_bands import band_of
 from memfit.facts.methods import framework_facts, method_facts, several_models
 from memfit.facts.scenario import Scenario
 from memfit.memory.inventory import count_params
@@ -24,15 +25,17 @@ def estimate(s: Scenario) -> Estimate:
     worst = min(placement.groups, key=lambda g: g.margin_bytes)
     host = placement.host
     host_margin = None if s.hardware.host_ram is None else s.hardware.host_ram - host.peak.total
+    band = band_of(s)
     return Estimate(
         scenario=s, total_params=placement.total_params, trainable_params=placement.trainable_params,
         allocated=worst.allocated, reserved=worst.reserved, device_total=worst.device_total, host=host,
-        verdict=verdict_of(worst.margin_bytes, s.hardware.gpu.memory_bytes, host_margin),
+        verdict=verdict_of(worst.margin_bytes, s.hardware.gpu.memory_bytes, host_margin, band.fraction),
         margin_bytes=worst.margin_bytes, host_margin_bytes=host_margin, roles=placement.roles,
         groups=placement.groups, worst_group=worst.name, drivers=placement.drivers,
-        gpus_needed=placement.gpus_needed,
+        gpus_needed=placement.gpus_needed, band_kind=band.kind, band_fraction=band.fraction,
+        oom_chance=band.oom_chance(worst.margin_bytes, worst.peak),
         assumptions=_method_assumptions(s) + _model_assumptions(s.model) + _kernel_assumptions(s) + list(s.assumed)
-        + notes + placement.notes)
+        + notes + placement.notes + [band.describe()])
 
 
 def _kernel_assumptions(s: Scenario) -> list[str]:

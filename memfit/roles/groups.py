@@ -70,12 +70,13 @@ class GpuGroup:
     def by_role(self, moment: str | None = None) -> dict[str, int]:
         return {r: b.total for r, b in self.moments[moment or self.peak_moment].items()}
 
-    def to_json(self) -> dict:
+    def to_json(self, band: float) -> dict:
+        """`band`: the run's error band (every group of a run is judged by the same one)."""
         return {
             "name": self.name, "gpus": self.gpus, "processes_per_gpu": len(self.processes),
             "processes": list(self.processes), "roles": list(self.roles), "peak_moment": self.peak_moment,
             "peak_bytes": self.peak, "margin_bytes": self.margin_bytes,
-            "verdict": verdict_of(self.margin_bytes, self.capacity, None),
+            "verdict": verdict_of(self.margin_bytes, self.capacity, None, band),
             "moments": {m: {r: b.to_json() for r, b in roles.items()} for m, roles in self.moments.items()},
             "device_total": self.device_total.to_json(),
         }

@@ -69,6 +69,9 @@ class Estimate:
     worst_group: str
     drivers: dict[str, int] = field(default_factory=dict)
     gpus_needed: int = 0
+    band_kind: str = ""  # the kind of run whose error band judged it (memfit/facts/error_bands.py)
+    band_fraction: float = 0.0  # that band: the share of the device total a real run may add to the estimate
+    oom_chance: float = 0.0  # the chance, from the benches' errors, that the margin does not hold
     assumptions: list[str] = field(default_factory=list)
 
     @property
@@ -95,11 +98,14 @@ class Estimate:
             "host_ram_bytes": s.hardware.host_ram,
             "verdict": self.verdict,
             "margin_bytes": self.margin_bytes,
+            "band_kind": self.band_kind,
+            "band_fraction": round(self.band_fraction, 4),
+            "oom_chance": round(self.oom_chance, 4),
             "host_margin_bytes": self.host_margin_bytes,
             "worst_gpu_group": self.worst_group,
             "gpus_needed": self.gpus_needed,
             "roles": [r.to_json() for r in self.roles],
-            "gpu_groups": [g.to_json() for g in self.groups],
+            "gpu_groups": [g.to_json(self.band_fraction) for g in self.groups],
             "drivers": dict(self.drivers),
             "assumptions": list(self.assumptions),
         }

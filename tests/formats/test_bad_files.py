@@ -93,9 +93,15 @@ def test_llamafactory_unknown_key(tmp_path):
     assert "gradient_checkpointing_disable" in message and "LLaMA-Factory" in message
 
 
-def test_trl_unknown_key(tmp_path):
-    message = error_of(write(tmp_path, "sft.yaml", TRL + "max_seq_length: 2048\n"))
-    assert "max_seq_length" in message and "TRL" in message
+def test_trl_unknown_key_that_looks_like_a_memory_setting(tmp_path):
+    """An unknown key is a warning (another release's key), unless memfit would then misread memory."""
+    message = error_of(write(tmp_path, "sft.yaml", TRL + "max_seq_len: 4096\n"))
+    assert "max_seq_len" in message and "memory setting" in message and "trl 1.16" in message
+
+
+def test_trl_older_name_that_disagrees_with_the_new_one(tmp_path):
+    message = error_of(write(tmp_path, "sft.yaml", TRL + "max_seq_length: 4096\n"))
+    assert "max_seq_length" in message and "max_length" in message
 
 
 def test_training_arguments_unknown_key(tmp_path):

@@ -10,6 +10,7 @@ Three properties per example file:
 from pathlib import Path
 
 import pytest
+import yaml
 
 from memfit.interfaces.formats import diff, read_config, write_config_files
 from memfit.interfaces.formats.base import WrittenFile
@@ -98,7 +99,9 @@ def test_a_new_deepspeed_file_for_a_ddp_yaml(examples):
     imported = read_config(path, gpus=7)
     files = write_config_files(imported, {"zero_stage": 3, "offload_optimizer": "cpu"})
     assert files[1].old_text is None and files[1].path.name == "ds_z3_offload_config.json"
-    assert "deepspeed: ds_z3_offload_config.json" in files[0].new_text
+    # LLaMA-Factory opens `deepspeed:` from the working directory, not from the YAML's folder
+    value = yaml.safe_load(files[0].new_text)["deepspeed"]
+    assert (Path.cwd() / value).resolve() == files[1].path.resolve()
     assert "/dev/null" in diff(files)
 
 

@@ -7,6 +7,7 @@ cannot tell them apart).
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -32,16 +33,29 @@ def param_numels(spec: ModelSpec) -> list[int]:
     return [v * h] + layer * spec.num_layers + [h, v * h]
 
 
+PORT = {}
+
+
 @pytest.fixture(scope="module")
 def measured():
-    from memfit.measure import run_measure
+    from unittest import mock
+
+    from memfit.measure import launch, run_measure
 
     spec = tiny_llama()
     s = Scenario(model=spec, hardware=Hardware(gpu=find_gpu("a100-80gb"), gpus_per_node=N), engine="deepspeed",
                  zero_stage=3, offload_optimizer="cpu", pin_memory=True, reduce_bucket_size=BUCKET,
                  param_persistence_threshold=PERSIST,
                  micro_batch=2, seq_len=32)
-    return s, run_measure(s, steps=2, timeout=600)
+    PORT["run"] = launch._free_port()  # known, to look for what the run leaves in /dev/shm
+    with mock.patch.object(launch, "_free_port", return_value=PORT["run"]):
+        return s, run_measure(s, steps=2, timeout=600)
+
+
+def test_the_run_leaves_no_shared_memory_behind(measured):
+    # DeepSpeed's CPU all-reduce maps /dev/shm/deepspeed_allreduce_buffer_*_<addr>_<port>_<rank> and never
+    # unlinks it; the launcher removes this run's
+    assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{PORT['run']}_*"))
 
 
 def test_parameter_count_is_the_architecture(measured):

@@ -7,6 +7,7 @@ options (--json, --top, ...).
 from __future__ import annotations
 
 import argparse
+import math
 import re
 
 from memfit.errors import MemfitError
@@ -31,7 +32,10 @@ def parse_size(text: str, what: str) -> int:
     unit = (m.group(2) or "").lower() if m else None
     if not m or unit not in _UNITS:
         raise MemfitError(f"{what} {text!r} is not a size; write e.g. 24GiB, 80GB or 1.4TB")
-    value = int(float(m.group(1)) * _UNITS[unit])
+    number = float(m.group(1)) * _UNITS[unit]
+    if not math.isfinite(number):  # 1e400 digits: float says inf, int() cannot hold it
+        raise MemfitError(f"{what} {text!r} is not a size; write e.g. 24GiB, 80GB or 1.4TB")
+    value = int(number)
     if value <= 0:
         raise MemfitError(f"{what} must be positive, got {text!r}")
     return value
@@ -43,7 +47,7 @@ def whole_number(text: str) -> int:
         value = float(text) if re.fullmatch(r"-?[0-9.]+(e[0-9]+)?", text, re.I) else int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value != int(value):
+    if not math.isfinite(value) or value != int(value):
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
     return int(value)
 
@@ -127,12 +131,24 @@ def hardware_from_args(a: argparse.Namespace):
 
 
 def scenario_from_args(a: argparse.Namespace):
+    return scenario_and_file(a)[0]
+
+
+def scenario_and_file(a: argparse.Namespace, hw=None):
+    """The Scenario, the file it was read from (`--from`; None without one) and the notes on that file: what its
+    readers assumed or warned about, which also go into the scenario's "assumed" (the printed output and --json
+    carry them)."""
+    from dataclasses import replace
+
     from memfit.facts.catalog import find_model
     from memfit.facts.profiles import build_scenario
 
-    hw = hardware_from_args(a)
+    notes: list[str] = []
+    if hw is None:
+        hw, notes = hardware_for_file(a) if a.from_file else (hardware_from_args(a), [])
     given = knobs_from_args(a)
-    profile, model = a.profile, a.model
+    typed = {k for k, v in given.items() if v is not None}  # a typed flag that does nothing is an error
+    profile, model, imported = a.profile, a.model, None
     if a.from_file:
         from memfit.interfaces.formats import read_config
 
@@ -142,7 +158,44 @@ def scenario_from_args(a: argparse.Namespace):
         model = model or imported.model_name
     if not model:
         raise MemfitError("say which model: a hub id or alias (see `memfit models`), or a file naming one with --from")
-    return build_scenario(find_model(model), hw, given, profile or "hf-trainer")
+    s = build_scenario(find_model(model), hw, given, profile or "hf-trainer", typed=typed)
+    if imported is not None:
+        notes = list(dict.fromkeys(notes + file_notes(imported)))
+        s = replace(s, assumed=s.assumed + tuple(notes))
+    return s, imported, notes
+
+
+def hardware_for_file(a: argparse.Namespace):
+    """The machine of a run read from a file, and a note when it differs from the file: --gpus / --nodes when
+    typed (they win, as `accelerate launch --num_processes` does), else the GPU count the file states
+    (accelerate's num_processes / num_machines, an OpenRLHF launcher's --num_gpus, a DeepSpeed batch triangle)."""
+    from dataclasses import replace
+
+    from memfit.interfaces.formats import read_config
+
+    hw = hardware_from_args(a)
+    stated = read_config(a.from_file).world
+    total, nodes = stated.get("num_gpus"), stated.get("nodes") or 1
+    if total is None:
+        return hw, []
+    typed = a.gpus_per_node is not None or a.nodes is not None
+    if not typed:
+        if total % nodes:
+            raise MemfitError(f"{a.from_file}: {total} GPUs do not split over {nodes} nodes; say --gpus and --nodes")
+        return replace(hw, gpus_per_node=total // nodes, nodes=nodes), [
+            f"{total} GPUs{f' on {nodes} nodes' if nodes > 1 else ''} as the file says (--gpus / --nodes to change)"]
+    if total != hw.world_size:
+        return hw, [f"the file says {total} GPUs, the command line {hw.world_size}: the command line's count is used "
+                    "(the launcher's own flag wins the same way)"]
+    return hw, []
+
+
+def file_notes(imported) -> list[str]:
+    """What a file's readers (and those of the files it names) assumed or warned about."""
+    out = [f"{imported.name}: {note}" for note in imported.assumed] + list(imported.warnings)
+    for companion in imported.companions.values():
+        out += file_notes(companion)
+    return out
 
 
 def blank_arguments() -> dict:

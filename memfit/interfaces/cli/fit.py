@@ -3,12 +3,13 @@ smallest change that reaches the best fitting plan, plus a diff and the reason f
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from memfit.errors import MemfitError
 from memfit.facts.knobs import axes
-from memfit.interfaces.cli.args import (add_hardware_arguments, blank_arguments, hardware_from_args, positive_int,
-                                        scenario_from_args)
+from memfit.interfaces.cli.args import add_hardware_arguments, blank_arguments, positive_int, scenario_and_file
+from memfit.interfaces.files import UNCHECKED, FileWrite, write_files
 
 
 def add_fit_command(sub) -> None:
@@ -16,76 +17,203 @@ def add_fit_command(sub) -> None:
     p.add_argument("file", help="the framework file you launch with")
     p.add_argument("--model", help="the model, when the file does not name one")
     add_hardware_arguments(p)
-    p.add_argument("--allow", default="", help="tuning changes you accept: lora, qlora, 8bit (comma-separated)")
+    p.add_argument("--allow", default="",
+                   help="changes of the training you accept (comma-separated): lora, qlora (tuning), 8bit (8-bit "
+                        "optimizer states), packing (pack or unpad rows: other data per step). Without them fit keeps "
+                        "the tuning, the optimizer and the data of each step; it never changes the global batch "
+                        "(micro-batch x accumulation x GPUs; see --global-batch) or the sequence length")
     p.add_argument("--global-batch", type=positive_int, help="keep this global batch (default: the file's)")
     p.add_argument("--out", default="memfit-fit", help="folder for the rewritten files (default ./memfit-fit)")
-    p.add_argument("--in-place", action="store_true", help="overwrite the files themselves")
+    p.add_argument("--in-place", action="store_true",
+                   help="overwrite the files themselves (all or none, atomically); each original is kept as "
+                        "NAME.memfit-bak, or NAME.memfit-bak.1, .2, ... when that exists: a backup is never overwritten")
     p.add_argument("--no-code-edits", action="store_true",
                    help="only plans the file can say (no edit of the framework's code, e.g. OpenRLHF pin_memory)")
     p.add_argument("--no-resume", action="store_true", help="judge host RAM without a resume from a checkpoint")
     p.set_defaults(run=run_fit)
 
 
+# the rewritten run, read back, must land within this share of the GPU of the plan's device peak
+AGREE = 0.02
+
+
 def run_fit(a: argparse.Namespace) -> int:
-    from memfit.interfaces.formats import diff, knobs_from_scenario, read_config, write_config_files
-    from memfit.planner.plan import Options, choose_for_fit, plan
-    from memfit.roles.estimate import estimate
+    from memfit.interfaces.formats import diff, knobs_from_scenario, sayable
     from memfit.interfaces.render.common import gib
+    from memfit.planner.plan import Options, baseline
+    from memfit.planner.search import fit_allow
 
     args = argparse.Namespace(**{**blank_arguments(), "model": a.model, "from_file": a.file, "gpu": a.gpu,
                                  "gpu_mem": a.gpu_mem, "gpus_per_node": a.gpus_per_node, "nodes": a.nodes,
                                  "host_ram": a.host_ram})
-    hardware = hardware_from_args(args)
-    gpus = hardware.gpus_per_node
-    imported = read_config(a.file, gpus=hardware.world_size)
-    base = scenario_from_args(args)
-    before = estimate(base)
-    allow = {x.strip() for x in a.allow.split(",") if x.strip()}
-    old = knobs_from_scenario(base)
-    writable = {}
-    refusals = []
+    base, imported, notes = scenario_and_file(args)
+    allow, kept = fit_allow(a.allow.split(","))
     options = Options(code_edits=not a.no_code_edits, resume=not a.no_resume)
-    for row in plan(base, allow, a.global_batch, top_k=10, options=options):
-        # knobs the file can say; a code edit is written beside it (_code_edit_text), never into it
-        wanted = {k for c in row.changes if not c.code_edit for k in axes()[c.knob]}
-        changed = {k: v for k, v in knobs_from_scenario(row.scenario).items() if k in wanted and old.get(k) != v}
-        try:  # only plans the user's framework can express (e.g. OpenRLHF has no flag for ratio)
-            writable[id(row)] = (row, write_config_files(imported, changed))
+    folder = None if a.in_place else Path(a.out)
+    now = baseline(base, a.global_batch, options)
+    if now.verdict == "fits" and a.global_batch in (None, base.micro_batch * base.grad_accum * base.world_size):
+        print(f"{imported.name}: fits ({gib(now.device_peak_bytes)} of {gib(base.hardware.gpu.memory_bytes)} GiB "
+              f"per GPU): nothing to change, nothing written")
+        _print_notes(notes)
+        return 0
+    old = knobs_from_scenario(base)
+    said = sayable(imported)
+    refusals: dict[str, str] = {}
+
+    def says(scenario, edited) -> bool:
+        """Can the user's file say this scenario (what a code edit reaches goes beside it)?"""
+        from memfit.interfaces.formats import write_config_files
+
+        changed = _changes_of(scenario, old, said, {k for axis in edited for k in axes()[axis]})
+        try:
+            write_config_files(imported, changed, folder)
         except MemfitError as e:
-            refusals.append(str(e))
-    best = choose_for_fit([row for row, _ in writable.values()])
-    if best is None:
-        why = f"; {refusals[0]}" if refusals else " (see `memfit plan`; --allow lora,qlora widens the search)"
-        if not refusals and base.hardware.host_ram and options.resume:
-            why += "; host RAM is judged at a resume from a checkpoint too (--no-resume if the run never resumes)"
-        raise MemfitError(f"no configuration of {base.model.id} that {imported.format} can express fits "
-                          f"{gpus} x {base.hardware.gpu.name}{why}")
-    files = writable[id(best)][1]
-    fastest = max((row for row, _ in writable.values()), key=lambda r: r.tokens_per_second)
-    if fastest.tokens_per_second > best.tokens_per_second and any(c.code_edit for c in fastest.changes):
-        print(f"(a plan {fastest.tokens_per_second / best.tokens_per_second - 1:.0%} faster needs an edit of "
-              f"{imported.format}'s code: see `memfit plan`; written here: the fastest the file can say alone)")
-    print(f"{imported.name}: {before.verdict} ({gib(before.device_total.peak.total)} GiB per GPU) -> "
+            refusals.setdefault(str(e), str(e))
+            return False
+        return True
+
+    best, files = _search(base, imported, allow, kept, a.global_batch, options, old, said, says, folder, refusals)
+    _check_written(imported, files, best, options.resume)
+    print(f"{imported.name}: {now.verdict} ({gib(now.device_peak_bytes)} GiB per GPU) -> "
           f"{best.verdict} ({gib(best.device_peak_bytes)} GiB, {best.tokens_per_second:,.0f} tokens/s)")
+    _print_notes(notes)
+    _other_file_note(base, imported, allow, kept, a.global_batch, options, best)
     for c in best.changes:
         print(f"  {c.knob}: {c.before} -> {c.after}  {_effect(c)}{' (needed to fit)' if c.needed_to_fit else ''}"
               f"{' [CODE EDIT: no flag, see below]' if c.code_edit else ''}")
     print(diff(files) or "(no change to write: the file already fits as planned)")
-    for f in files:
-        if not f.changed:
-            continue
-        target = Path(f.path) if a.in_place else Path(a.out) / Path(f.path).name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(f.new_text)
-        print(f"wrote {target}")
+    writes = [FileWrite(_target(a, f.path), f.new_text, f.old_text if a.in_place else UNCHECKED)
+              for f in files if f.changed]  # in place: refused if the file changed since it was read
     edits = [c for c in best.changes if c.code_edit]
+    text = _code_edit_text(imported, edits) if edits else ""
     if edits:
-        text = _code_edit_text(imported, edits)
-        target = (Path(imported.path).parent if a.in_place else Path(a.out)) / f"{imported.name}.code-edit.txt"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
-        print(f"\nNEEDS A CODE EDIT as well ({imported.format} has no flag for it):\n{text}wrote {target}")
+        folder = Path(imported.path).parent if a.in_place else Path(a.out)
+        writes.append(FileWrite(folder / f"{imported.name}.code-edit.txt", text))
+    written = write_files(writes, backup=a.in_place)  # every file or none
+    for w in written[:len(written) - bool(edits)]:
+        print(_wrote(w))
+    if edits:  # the code-edit file is the last one written
+        print(f"\nNEEDS A CODE EDIT as well ({imported.format} has no flag for it):\n{text}{_wrote(written[-1])}")
     return 0
+
+
+def _print_notes(notes: list[str]) -> None:
+    """What the file's readers assumed or warned about (also under "assumed" of `memfit estimate --from`)."""
+    for note in notes:
+        print(f"  note: {note}")
+
+
+def _search(base, imported, allow, kept, global_batch, options, old, sayable, says, folder, refusals):
+    """The fastest plan the file can say: the search tries only settings the file can say (Keep.expressible);
+    a combination the writer still refuses sends it on to the next rows."""
+    from memfit.interfaces.formats import write_config_files
+    from memfit.planner.plan import choose_for_fit, plan
+    from memfit.planner.search import Keep
+
+    keep = Keep(axes=kept, expressible=says)
+    for top_k in (10, 40):
+        writable = []
+        for row in plan(base, allow, global_batch, top_k=top_k, options=options, keep=keep):
+            try:
+                writable.append((row, write_config_files(imported, _file_changes(row, old, sayable), folder)))
+            except MemfitError as e:
+                refusals.setdefault(str(e), str(e))
+        best = choose_for_fit([row for row, _ in writable])
+        if best is not None:
+            return best, next(files for row, files in writable if row is best)
+    why = f"; {next(iter(refusals))}" if refusals else " (see `memfit plan`; --allow lora,qlora widens the search)"
+    if not refusals and base.hardware.host_ram and options.resume:
+        why += "; host RAM is judged at a resume from a checkpoint too (--no-resume if the run never resumes)"
+    raise MemfitError(f"no configuration of {base.model.id} that {imported.format} can express fits "
+                      f"{base.hardware.gpus_per_node} x {base.hardware.gpu.name}{why}")
+
+
+def _check_written(imported, files, best, resume: bool) -> None:
+    """The files as they will be written, read back and estimated (with the code edit beside them applied), must
+    be the plan: a writer that drops a key or a path that resolves elsewhere shows up here, before anything is
+    written."""
+    from memfit.facts.profiles import build_scenario
+    from memfit.interfaces.formats import reread
+    from memfit.planner.search import judge
+    from memfit.roles.estimate import estimate
+
+    s = best.scenario
+    again = reread(imported, files)
+    edited = {k: getattr(s, k) for c in best.changes if c.code_edit for k in axes()[c.knob]}
+    try:
+        written = build_scenario(s.model, s.hardware, again.knobs | edited, imported.profile)
+    except MemfitError as e:
+        raise MemfitError(f"{imported.name}: the rewritten file does not read back as a run: {e}") from None
+    e = judge(estimate(written), resume)
+    gpu = s.hardware.gpu.memory_bytes
+    if e.verdict != best.verdict or abs(e.device_peak - best.device_peak_bytes) > AGREE * gpu:
+        from memfit.interfaces.render.common import gib
+
+        raise MemfitError(f"{imported.name}: internal error: the rewritten file reads back as {e.verdict} at "
+                          f"{gib(e.device_peak)} GiB per GPU, the plan said {best.verdict} at "
+                          f"{gib(best.device_peak_bytes)} GiB; nothing written")
+
+
+def _other_file_note(base, imported, allow, kept, global_batch, options, best) -> None:
+    """When a faster plan needs a setting this file cannot say (flash attention in a bare DeepSpeed JSON), say
+    what and where it would go."""
+    from memfit.planner.plan import plan
+    from memfit.planner.search import Keep
+
+    rows = plan(base, allow, global_batch, top_k=1, options=options, keep=Keep(axes=kept))
+    if not rows or rows[0].tokens_per_second <= best.tokens_per_second * 1.03:
+        return
+    mine = {(c.knob, str(c.after)) for c in best.changes}
+    other = [f"{c.knob} {c.before} -> {c.after}" for c in rows[0].changes if (c.knob, str(c.after)) not in mine]
+    print(f"(a plan {rows[0].tokens_per_second / best.tokens_per_second - 1:.0%} faster also needs "
+          f"{', '.join(other)}, which {imported.name} cannot say: it belongs in the file that sets it "
+          f"(training arguments, the launch command, a DeepSpeed JSON or the framework's code; see `memfit plan`))")
+
+
+def _changes_of(scenario, old: dict, sayable: frozenset[str], edited: set[str]) -> dict:
+    """The knobs a scenario changes that a file would have to say (what a code edit reaches goes beside it)."""
+    from memfit.interfaces.formats import knobs_from_scenario
+
+    moved = {k for axis_knobs in axes().values() for k in axis_knobs}
+    return {k: v for k, v in knobs_from_scenario(scenario).items()
+            if old.get(k) != v and k not in edited and (k in moved or k in sayable) and not _default(k, v, old, sayable)}
+
+
+def _default(k: str, v, old: dict, sayable: frozenset[str]) -> bool:
+    """A knob that starts acting (a new engine's ratio) at its default, in a file that cannot say it: reading the
+    file back gives the same, so there is nothing to write."""
+    from memfit.facts.knobs import knob
+
+    return k not in sayable and k not in old and v == knob(k).default
+
+
+def _file_changes(row, old: dict, sayable: frozenset[str]) -> dict:
+    """The knobs to write for a plan: those of the axes it changes, plus any other knob its scenario moved on
+    the way that the file can say (ZeRO-3 -> 2 resets the offload ratio to 1: a file keeping 0.9 is one DeepSpeed
+    rejects, and the next `memfit fit` with it). What a code edit reaches goes beside the file, never into it."""
+    from memfit.interfaces.formats import knobs_from_scenario
+
+    wanted = {k for c in row.changes if not c.code_edit for k in axes()[c.knob]}
+    edited = {k for c in row.changes if c.code_edit for k in axes()[c.knob]}
+    return {k: v for k, v in knobs_from_scenario(row.scenario).items()
+            if old.get(k) != v and (k in wanted or (k in sayable and k not in edited)) and not _default(k, v, old, sayable)}
+
+
+def _target(a: argparse.Namespace, path: Path) -> Path:
+    """Where a rewritten file goes; --out must not name the file itself (that is --in-place, with its backup)."""
+    if a.in_place:
+        return Path(path)
+    target = Path(a.out) / Path(path).name
+    if target.exists() and Path(path).exists() and os.path.samefile(target, path):
+        raise MemfitError(f"--out {a.out} would overwrite {path} itself; use --in-place (keeps a backup) "
+                          "or another --out folder")
+    return target
+
+
+def _wrote(w) -> str:
+    if w.unchanged:
+        return f"{w.path} already holds this (not rewritten)"
+    return f"wrote {w.path}" + (f" (the original is in {w.backup})" if w.backup else "")
 
 
 def _effect(c) -> str:

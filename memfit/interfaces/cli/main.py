@@ -122,11 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
     me.add_argument("--weights", help="a local folder with real weights (default: random init from the catalog)")
     me.add_argument("--json", action="store_true")
     me.set_defaults(run=_cmd_measure)
+    from memfit.interfaces.cli.doctor import add_doctor_command
     from memfit.interfaces.cli.fit import add_fit_command
     from memfit.interfaces.cli.plan import add_plan_command
 
     add_plan_command(sub)
     add_fit_command(sub)
+    add_doctor_command(sub)
     for name, fn in (("models", _cmd_models), ("gpus", _cmd_gpus)):
         sp = sub.add_parser(name, help=f"list the {name} catalog")
         sp.add_argument("filter", nargs="?", help="substring to filter by")
@@ -134,12 +136,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# characters str.splitlines() (and some terminals) break a line at; an argument or file value may hold one
+_LINE_BREAKS = {c: repr(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
+def one_line(message: str) -> str:
+    """The error as one line: a line break inside a quoted value is shown escaped (\\n), as repr would."""
+    return message.strip().translate(str.maketrans(_LINE_BREAKS))
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return args.run(args)
     except MemfitError as e:
-        print(f"memfit: error: {e}", file=sys.stderr)
+        print(f"memfit: error: {one_line(str(e))}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a file the user named cannot be read or written (--out, --timeline): the OS says why
+        print(f"memfit: error: {one_line(f'{e.filename}: {e.strerror}' if e.filename else str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -27,7 +27,7 @@ MODULES = {"deepspeed": deepspeed, "llamafactory": llamafactory, "openrlhf": ope
 FORMATS = tuple(MODULES)
 
 __all__ = ["FORMATS", "ImportedConfig", "WrittenFile", "detect_format", "diff", "export_scenario", "exportable",
-           "knobs_from_scenario", "read_config", "write_config", "write_config_files"]
+           "knobs_from_scenario", "read_config", "reread", "sayable", "write_config", "write_config_files"]
 
 
 def detect_format(text: str, name: str = "") -> str:
@@ -40,7 +40,7 @@ def detect_format(text: str, name: str = "") -> str:
     if suffix == ".json" or head.startswith("{"):
         try:
             doc = json.loads(text)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # JSONDecodeError, too many digits, too deep
             doc = None  # the format's own reader reports where the JSON breaks
         if isinstance(doc, dict) and ("zero_optimization" in doc or "train_micro_batch_size_per_gpu" in doc
                                       or "train_batch_size" in doc):
@@ -50,8 +50,8 @@ def detect_format(text: str, name: str = "") -> str:
         return "hf"
     if suffix in (".yaml", ".yml") or ":" in head.split("\n", 1)[0]:
         try:
-            doc = yamltext.yaml.safe_load(text)
-        except yamltext.yaml.YAMLError:
+            doc = None if yamltext.TOO_DEEP.search(text) else yamltext.yaml.safe_load(text)
+        except (yamltext.yaml.YAMLError, ValueError, RecursionError):
             doc = None
         if isinstance(doc, dict):
             if "compute_environment" in doc or "distributed_type" in doc:
@@ -85,14 +85,29 @@ def read_config(path_or_text, *, format: str | None = None, gpus: int | None = N
     return MODULES[fmt].read(path if path else text, gpus=gpus, **options)
 
 
-def write_config_files(imported: ImportedConfig, knobs: dict) -> list[WrittenFile]:
+def write_config_files(imported: ImportedConfig, knobs: dict, folder: Path | None = None) -> list[WrittenFile]:
     """Every file that has to change for `knobs` (the main file first; a DeepSpeed JSON it names after).
     `knobs` may be the full set (`{**imported.knobs, ...}`) or only the changes; None resets a knob
-    to the framework's default."""
+    to the framework's default. `folder`: where a named file that changes (or a new one) is written, when not
+    beside the original; the main file then names it there."""
     module = MODULES[imported.format]
     if hasattr(module, "write_files"):
-        return module.write_files(imported, knobs)
+        return module.write_files(imported, knobs, folder)
     return [WrittenFile(imported.path, imported.text, module.write(imported, knobs))]
+
+
+def reread(imported: ImportedConfig, files: list[WrittenFile]) -> ImportedConfig:
+    """The main file of `files` read back as it will be on disk, with the named files it references taken from
+    `files` (what `memfit fit` is about to write), for checking the written run against the plan."""
+    main = files[0]
+    gpus = imported.world.get("num_gpus")
+    module = MODULES[imported.format]
+    if imported.format in ("deepspeed", "openrlhf"):  # one file: nothing it names
+        options = {"profile": imported.profile} if imported.format == "deepspeed" else {"version": imported.variant}
+        return module.read(main.new_text, gpus=gpus, **options)
+    texts = {f.path: f.new_text for f in files[1:]}
+    options = {"variant": imported.variant.split(":")[0]} if imported.format == "hf" else {}
+    return module.read(main.new_text, gpus=gpus, files=texts, path=main.path, **options)
 
 
 def write_config(imported: ImportedConfig, knobs: dict) -> str:
@@ -123,6 +138,15 @@ def exportable(format: str) -> frozenset[str]:
     """The knobs a format can say (the knob table's `says` column), with those of a DeepSpeed file it names."""
     said = said_by(format)
     return said | said_by(COMPANIONS[format]) if format in COMPANIONS else said
+
+
+def sayable(imported: ImportedConfig) -> frozenset[str]:
+    """The knobs this file can say: its format's, and a DeepSpeed file's when it has one or can make one. An
+    accelerate config without `deepspeed_config_file` cannot: its deepspeed_config holds the plugin's few keys,
+    and the rest (buckets) is what HF's "auto" gives."""
+    if imported.format == "accelerate" and "deepspeed" not in imported.companions:
+        return said_by("accelerate")
+    return exportable(imported.format)
 
 
 def knobs_from_scenario(scenario) -> dict:

@@ -12,8 +12,10 @@ from pathlib import Path
 
 from memfit.interfaces.formats import deepspeed as ds
 from memfit.interfaces.formats import jsontext, yamltext
-from memfit.interfaces.formats.base import (ImportedConfig, WrittenFile, as_bool, as_choice, as_int, bad, cannot, changed_knobs,
-                                 doc_copy, read_text, suggest, unknown_key, verify_written)
+from memfit.interfaces.formats.base import (ImportedConfig, WrittenFile, as_bool, as_choice, as_int, as_mapping, bad,
+                                            companion_target,
+                                            cannot, changed_knobs, doc_copy, named, read_text, shown, suggest,
+                                            unknown_key, verify_written)
 from memfit.interfaces.formats.tables import check_type, table
 
 FORMAT = "accelerate"
@@ -43,13 +45,13 @@ def _check(doc: dict, where: str) -> None:
     if "distributed_type" not in doc:
         raise bad(where, "distributed_type", "missing: accelerate needs it (NO, MULTI_GPU, DEEPSPEED, FSDP, ...)")
     launch = set(table("accelerate")["deepspeed_config"])
-    for key in doc.get("deepspeed_config") or {}:
+    for key in as_mapping(where, "deepspeed_config", doc.get("deepspeed_config")):
         if key not in launch:
             raise bad(where, f"deepspeed_config.{key}", f"not an accelerate DeepSpeed setting (accelerate ignores it)"
                       f"{suggest(key, launch)}")
     fsdp_keys = set(table("accelerate")["fsdp_config"])
-    for key in doc.get("fsdp_config") or {}:
-        short = key[len("fsdp_"):] if key.startswith("fsdp_") else key
+    for key in as_mapping(where, "fsdp_config", doc.get("fsdp_config")):
+        short = str(key).removeprefix("fsdp_")  # YAML keys may be numbers
         if short not in fsdp_keys:
             raise bad(where, f"fsdp_config.{key}", "not an accelerate FSDP setting (accelerate ignores it)"
                       f"{suggest(short, fsdp_keys)}")
@@ -70,9 +72,7 @@ def read(path_or_text, *, gpus: int | None = None, files: dict | None = None, pa
     doc = yamltext.load(text, where)
     _check(doc, where)
     dist = doc["distributed_type"]
-    if dist not in ENGINES:
-        raise bad(where, "distributed_type", f"{dist!r} is not modelled; memfit reads {', '.join(ENGINES)}")
-    knobs: dict = {"engine": ENGINES[dist]}
+    knobs: dict = {"engine": named(where, "distributed_type", dist, ENGINES, "distributed type")}
     assumed: list[str] = []
     companions = {}
     world = {}
@@ -82,9 +82,9 @@ def read(path_or_text, *, gpus: int | None = None, files: dict | None = None, pa
         world["nodes"] = as_int(where, "num_machines", doc["num_machines"], minimum=1)
     if gpus is not None:
         world["num_gpus"] = gpus
-    precision = PRECISIONS.get(doc.get("mixed_precision") or "no", None)
     if doc.get("mixed_precision") not in (None, *PRECISIONS):
-        raise bad(where, "mixed_precision", f"expected no, fp16, bf16 or fp8; got {doc['mixed_precision']!r}")
+        raise bad(where, "mixed_precision", f"expected no, fp16, bf16 or fp8; got {shown(doc['mixed_precision'])}")
+    precision = PRECISIONS.get(doc.get("mixed_precision") or "no", None)
     if precision:
         knobs["precision"] = precision
     if dist == "DEEPSPEED":
@@ -122,9 +122,8 @@ def read(path_or_text, *, gpus: int | None = None, files: dict | None = None, pa
         strategy = _fsdp_get(fsdp, "sharding_strategy")
         reshard = _fsdp_get(fsdp, "reshard_after_forward")
         if strategy is not None:
-            if strategy not in STRATEGIES:
-                raise bad(where, "fsdp_config.fsdp_sharding_strategy", f"unknown strategy {strategy!r}")
-            knobs["fsdp_strategy"] = STRATEGIES[strategy]
+            knobs["fsdp_strategy"] = named(where, "fsdp_config.fsdp_sharding_strategy", strategy, STRATEGIES,
+                                           "sharding strategy")
         elif reshard is not None:
             if isinstance(reshard, str) and reshard in STRATEGIES:
                 knobs["fsdp_strategy"] = STRATEGIES[reshard]
@@ -169,6 +168,11 @@ def apply(doc: dict, changes: dict, imported: ImportedConfig) -> dict:
     doc = doc_copy(doc)
     engine = changes.get("engine") or imported.knobs["engine"]
     if "engine" in changes and changes["engine"] != imported.knobs["engine"]:
+        fsdp_ckpt = _fsdp_get(doc.get("fsdp_config") or {}, "activation_checkpointing")
+        if imported.knobs["engine"] == "fsdp" and fsdp_ckpt is not None and changes.get("checkpointing") != "off":
+            # the run's checkpointing lives in fsdp_config; without FSDP the training arguments say it
+            raise cannot(imported, "engine", engine, "its activation checkpointing is fsdp_config's "
+                         "fsdp_activation_checkpointing, which goes with FSDP; set it in the training arguments")
         doc["distributed_type"] = ENGINE_NAME[engine]
         if engine != "deepspeed":
             doc.pop("deepspeed_config", None)
@@ -177,7 +181,9 @@ def apply(doc: dict, changes: dict, imported: ImportedConfig) -> dict:
         if engine == "deepspeed":
             doc["deepspeed_config"] = {"zero_stage": changes.get("zero_stage", imported.knobs.get("zero_stage", 2))}
         if engine == "fsdp":
-            doc["fsdp_config"] = {"fsdp_version": 2, "fsdp_reshard_after_forward": True, "fsdp_offload_params": False}
+            # with no fsdp_auto_wrap_policy accelerate wraps nothing (one FSDP unit: every weight gathered at once)
+            doc["fsdp_config"] = {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                                  "fsdp_reshard_after_forward": True, "fsdp_offload_params": False}
     with_file = bool((doc.get("deepspeed_config") or {}).get("deepspeed_config_file"))
     for knob, value in changes.items():
         if knob == "engine":
@@ -246,7 +252,9 @@ def _strategy(fsdp: dict, value, imported: ImportedConfig) -> None:
         raise cannot(imported, "fsdp_strategy", value, "FSDP2's reshard_after_forward is full_shard or shard_grad_op")
 
 
-def write_files(imported: ImportedConfig, knobs: dict) -> list[WrittenFile]:
+def write_files(imported: ImportedConfig, knobs: dict, folder: Path | None = None) -> list[WrittenFile]:
+    """The file, and the DeepSpeed JSON it names when that changed (into `folder` when given, with
+    `deepspeed_config_file` pointing there)."""
     changes = changed_knobs(imported, knobs)
     doc = apply(imported.doc, changes, imported)
     out, files = [], {}
@@ -254,9 +262,12 @@ def write_files(imported: ImportedConfig, knobs: dict) -> list[WrittenFile]:
     if companion is not None and doc.get("distributed_type") == "DEEPSPEED":
         ds_changes = {k: v for k, v in changes.items() if k in ds.KNOBS}
         ds_text = ds.write(companion, {**companion.knobs, **ds_changes}) if ds_changes else companion.text
+        target, reference = companion_target(companion, ds_text, folder)
+        if reference is not None:
+            doc["deepspeed_config"] = dict(doc["deepspeed_config"], deepspeed_config_file=reference)
         if ds_text != companion.text:
-            out.append(WrittenFile(companion.path, companion.text, ds_text))
-        files[companion.path] = ds_text
+            out.append(WrittenFile(target, companion.text, ds_text))
+        files[target] = ds_text
     text = yamltext.edit(imported.text, imported.doc, doc, imported.name)
     again = read(text, gpus=imported.world.get("num_gpus"), files=files, path=imported.path)
     verify_written(imported, again, changes)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,7 @@ def suggest(key: str, known) -> str:
 
 
 def unknown_key(where: str, key: str, known, framework: str) -> MemfitError:
-    return bad(where, key, f"unknown key: {framework} rejects it{suggest(key.split('.')[-1], known)}")
+    return bad(where, key, f"unknown key: {framework} rejects it{suggest(str(key).split('.')[-1], known)}")
 
 
 def same(a, b) -> bool:
@@ -83,12 +84,13 @@ def as_int(where: str, key: str, value, *, minimum: int | None = None) -> int:
         try:
             v = float(v) if any(c in v.lower() for c in ".e") else int(v)
         except ValueError:
-            raise bad(where, key, f"expected an integer, got {value!r}") from None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v):
-        raise bad(where, key, f"expected an integer, got {value!r}")
+            raise bad(where, key, f"expected an integer, got {shown(value)}") from None
+    if (isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v))
+            or v != int(v)):
+        raise bad(where, key, f"expected an integer, got {shown(value)}")
     v = int(v)
     if minimum is not None and v < minimum:
-        raise bad(where, key, f"must be >= {minimum}, got {value!r}")
+        raise bad(where, key, f"must be >= {minimum}, got {shown(value)}")
     return v
 
 
@@ -98,7 +100,7 @@ def as_float(where: str, key: str, value) -> float:
             raise ValueError
         return float(value)
     except (TypeError, ValueError):
-        raise bad(where, key, f"expected a number, got {value!r}") from None
+        raise bad(where, key, f"expected a number, got {shown(value)}") from None
 
 
 def as_bool(where: str, key: str, value) -> bool:
@@ -106,19 +108,45 @@ def as_bool(where: str, key: str, value) -> bool:
         return value
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
-    raise bad(where, key, f"expected true or false, got {value!r}")
+    raise bad(where, key, f"expected true or false, got {shown(value)}")
 
 
 def as_choice(where: str, key: str, value, choices) -> str:
     if not isinstance(value, str) or value not in choices:
-        raise bad(where, key, f"expected one of {', '.join(map(str, choices))}; got {value!r}")
+        raise bad(where, key, f"expected one of {', '.join(map(str, choices))}; got {shown(value)}")
     return value
 
 
 def as_str(where: str, key: str, value) -> str:
     if not isinstance(value, str):
-        raise bad(where, key, f"expected a string, got {value!r}")
+        raise bad(where, key, f"expected a string, got {shown(value)}")
     return value
+
+
+def as_mapping(where: str, key: str, value) -> dict:
+    """A nested section (`deepspeed_config:`, `zero_optimization`): a mapping, or absent / empty."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise bad(where, key, f"expected a mapping of settings, got {shown(value)}")
+    return value
+
+
+def named(where: str, key: str, value, names: dict, what: str):
+    """A value looked up in a table of names (an unhashable list or mapping is just not one of them)."""
+    if isinstance(value, (list, dict, set)) or value not in names:
+        raise bad(where, key, f"{what} {shown(value)} is not modelled; memfit reads {', '.join(map(str, names))}")
+    return names[value]
+
+
+def shown(value) -> str:
+    """A value as an error shows it: repr, cut short (a YAML alias bomb's repr alone would be gigabytes)."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxstring, r.maxother, r.maxlist, r.maxdict, r.maxlevel = 60, 60, 4, 4, 2
+    text = r.repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def is_auto(value) -> bool:
@@ -151,13 +179,13 @@ HF_ATTENTION_NAME = {"eager": "eager", "sdpa": "sdpa", "flash": "flash_attention
 
 def attention_from_hf(where: str, key: str, value) -> str:
     if not isinstance(value, str) or value not in HF_ATTENTION:
-        raise bad(where, key, f"unknown attention implementation {value!r}; memfit knows {', '.join(HF_ATTENTION)}")
+        raise bad(where, key, f"unknown attention implementation {shown(value)}; memfit knows {', '.join(HF_ATTENTION)}")
     return HF_ATTENTION[value]
 
 
 def optimizer_from_hf(where: str, key: str, value) -> str:
     if not isinstance(value, str) or value not in HF_OPTIM:
-        raise bad(where, key, f"optimizer {value!r} is not modelled; memfit knows {', '.join(HF_OPTIM)}")
+        raise bad(where, key, f"optimizer {shown(value)} is not modelled; memfit knows {', '.join(HF_OPTIM)}")
     return HF_OPTIM[value]
 
 
@@ -168,7 +196,7 @@ def lora_targets(where: str, key: str, value) -> tuple[str, ...]:
     elif isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value):
         items = list(value)
     else:
-        raise bad(where, key, f"expected module names, got {value!r}")
+        raise bad(where, key, f"expected module names, got {shown(value)}")
     if items in (["all"], ["all-linear"], ["all_linear"]):
         return ("all-linear",)
     return tuple(items)
@@ -188,7 +216,7 @@ def doc_copy(doc):
 
 def cannot(imported: ImportedConfig, knob: str, value, why: str = "") -> MemfitError:
     reason = f": {why}" if why else ""
-    return MemfitError(f"{imported.name}: cannot write {knob}={value!r} in a {imported.format} config{reason}")
+    return MemfitError(f"{imported.name}: cannot write {knob}={shown(value)} in a {imported.format} config{reason}")
 
 
 def read_text(path_or_text, what: str) -> tuple[str, Path | None]:
@@ -215,4 +243,28 @@ def verify_written(imported: ImportedConfig, new: ImportedConfig, wanted: dict) 
             continue
         got = new.knobs.get(key)
         if not same(got, value):
-            raise cannot(imported, key, value, f"it reads back as {got!r}")
+            raise cannot(imported, key, value, f"it reads back as {shown(got)}")
+
+
+# --- files a main file names -----------------------------------------------------------------------------
+
+def launch_path(path: Path) -> str:
+    """A file's path as the main file should name it: LLaMA-Factory (`deepspeed:`), HF Trainer (`deepspeed`) and
+    accelerate (`deepspeed_config_file`) open the string from the working directory they are launched in, not
+    from the main file's folder. Relative to here when the file is under it (launch from here), else absolute."""
+    p = Path(path).resolve()
+    try:
+        return str(p.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
+
+
+def companion_target(companion: ImportedConfig, new_text: str, folder: Path | None) -> tuple[Path, str | None]:
+    """Where a file the main file names goes when it changed, and the reference the main file then needs (None:
+    it stays where it is). `folder`: where changed files are written (`memfit fit --out`); None = in place."""
+    if folder is None or new_text == companion.text:
+        return companion.path, None
+    target = Path(folder) / companion.path.name
+    if target.resolve() == Path(companion.path).resolve():
+        return companion.path, None
+    return target, launch_path(target)

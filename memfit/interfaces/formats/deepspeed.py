@@ -13,7 +13,7 @@ from memfit.facts.engines import deepspeed as deepspeed_facts
 from memfit.facts.knobs import knobs, said_by
 from memfit.interfaces.formats import jsontext
 from memfit.interfaces.formats.base import (ImportedConfig, as_bool, as_choice, as_float, as_int, bad, cannot, changed_knobs,
-                                 doc_copy, is_auto, read_text, unknown_key, verify_written)
+                                 doc_copy, is_auto, read_text, shown, unknown_key, verify_written)
 from memfit.interfaces.formats.tables import check_type, table
 
 FORMAT = "deepspeed"
@@ -54,12 +54,12 @@ def _check_section(doc: dict, name: str, where: str, prefix: str) -> None:
 def _zero(doc: dict, where: str) -> dict:
     zero = doc.get("zero_optimization", {})
     if not isinstance(zero, dict):
-        raise bad(where, "zero_optimization", f"expected a mapping, got {zero!r}")
+        raise bad(where, "zero_optimization", f"expected a mapping, got {shown(zero)}")
     _check_section(zero, "zero_optimization", where, "zero_optimization.")
     for section in ("offload_optimizer", "offload_param"):
         sub = zero.get(section)
         if sub is not None and not isinstance(sub, dict):
-            raise bad(where, f"zero_optimization.{section}", f"expected a mapping, got {sub!r}")
+            raise bad(where, f"zero_optimization.{section}", f"expected a mapping, got {shown(sub)}")
         if sub:
             _check_section(sub, section, where, f"zero_optimization.{section}.")
     return zero
@@ -80,7 +80,7 @@ def engine_knobs(doc: dict, where: str) -> dict:
     knobs: dict = {"engine": "deepspeed"}
     knobs["zero_stage"] = 0 if "stage" not in zero else as_int(where, "zero_optimization.stage", zero["stage"])
     if knobs["zero_stage"] not in (0, 1, 2, 3):
-        raise bad(where, "zero_optimization.stage", f"ZeRO stage {zero['stage']!r} does not exist; use 0, 1, 2 or 3")
+        raise bad(where, "zero_optimization.stage", f"ZeRO stage {shown(zero['stage'])} does not exist; use 0, 1, 2 or 3")
     opt, par = zero.get("offload_optimizer") or {}, zero.get("offload_param") or {}
     knobs["offload_optimizer"] = as_choice(where, "zero_optimization.offload_optimizer.device",
                                            opt.get("device", "none"), OFFLOAD_DEVICES)

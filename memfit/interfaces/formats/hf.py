@@ -3,8 +3,8 @@
 Three shapes: plain TrainingArguments (`--config` of a Trainer script, `HfArgumentParser.parse_json_file`),
 and TRL recipes for `trl sft|dpo --config x.yaml`, which mix ScriptArguments, the trainer config and
 ModelConfig (`model_name_or_path`, `use_peft`, `lora_r`, `dtype`, `attn_implementation`, ...). The
-shape is told by the keys; a key none of the shape's classes has is an error, as it is for
-`HfArgumentParser(..., allow_extra_keys=False)` (key tables from transformers 5.23 / TRL 1.16).
+shape is told by the keys (hf_keys.py); a key none of the shape's classes has is a warning, or an error when its
+name says it is a memory setting memfit would not read (key tables from transformers 5.24 / TRL 1.16).
 
 Precision: with DeepSpeed, bf16/fp16 mean DeepSpeed mixed precision (fp32 master weights); in a TRL
 recipe the weights are loaded as ModelConfig `dtype` (default float32, TRL's `ModelConfig`) and
@@ -16,67 +16,18 @@ from pathlib import Path
 
 from memfit.interfaces.formats import deepspeed as ds
 from memfit.interfaces.formats import jsontext, yamltext
-from memfit.interfaces.formats.base import (HF_ATTENTION_NAME, HF_OPTIM_NAME, ImportedConfig, WrittenFile, as_bool, as_float,
-                                 as_int, as_str, attention_from_hf, bad, cannot, changed_knobs, doc_copy,
-                                 lora_targets, optimizer_from_hf, read_text, unknown_key, verify_written)
-from memfit.interfaces.formats.tables import check_type, table
+from memfit.interfaces.formats.base import (HF_ATTENTION_NAME, HF_OPTIM_NAME, ImportedConfig, WrittenFile, as_bool,
+                                            as_float, as_int, as_str, attention_from_hf, bad, cannot, changed_knobs,
+                                            doc_copy, companion_target, lora_targets, optimizer_from_hf, read_text,
+                                            shown, verify_written)
+from memfit.interfaces.formats.hf_keys import (check_keys, ckpt_key, ckpt_kwargs_key, current_names, default, detect,
+                                              get, spelling)
+from memfit.interfaces.formats.tables import table
 
 FORMAT = "hf"
-CLASSES = {"training_args": ("TrainingArguments",),
-           "sft": ("ScriptArguments", "SFTConfig", "ModelConfig", "DatasetMixtureConfig"),
-           "dpo": ("ScriptArguments", "DPOConfig", "ModelConfig", "DatasetMixtureConfig")}
 PROFILES = {"training_args": "hf-trainer", "sft": "trl", "dpo": "trl"}
 PEFT_DEFAULT_TARGETS = ("q_proj", "v_proj")  # PEFT's default for Llama/Qwen/Mistral when target_modules is None
 FSDP_STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2", "no_shard")
-
-
-def keys(variant: str) -> dict:
-    known = {}
-    for cls in CLASSES[variant]:
-        known.update(table("hf")[cls])
-    return known
-
-
-def detect(doc: dict, name: str = "") -> str:
-    t = table("hf")
-    ta, sft, dpo = set(t["TrainingArguments"]), set(t["SFTConfig"]), set(t["DPOConfig"])
-    script = set(t["ModelConfig"]) | set(t["ScriptArguments"]) | set(t["DatasetMixtureConfig"])
-    present = set(doc)
-    if present & (dpo - sft - ta):
-        return "dpo"
-    if present & (sft - dpo - ta):
-        return "sft"
-    if present & (script | ((sft & dpo) - ta)):
-        return "dpo" if "dpo" in name.lower() else "sft"
-    return "training_args"
-
-
-def _check(doc: dict, variant: str, where: str) -> None:
-    known = keys(variant)
-    for key, value in doc.items():
-        if key not in known:
-            raise unknown_key(where, key, known, "transformers" if variant == "training_args" else "TRL")
-        check_type(where, key, value, known[key])
-
-
-def _default(variant: str, key: str):
-    return keys(variant).get(key, {}).get("default")
-
-
-def _get(doc: dict, variant: str, key: str):
-    return doc[key] if key in doc and doc[key] is not None else _default(variant, key)
-
-
-def _ckpt_key(doc: dict) -> str:
-    """The file's own spelling; new keys get transformers 5's name (`gradient_*` is a deprecated alias)."""
-    return "gradient_checkpointing" if "gradient_checkpointing" in doc else "activation_checkpointing"
-
-
-def _ckpt_kwargs_key(doc: dict) -> str:
-    return "gradient_checkpointing_kwargs" if "gradient_checkpointing_kwargs" in doc else \
-        "activation_checkpointing_kwargs"
-
-
 def _fsdp(doc: dict, where: str) -> dict:
     value = doc.get("fsdp")
     config = doc.get("fsdp_config") or {}
@@ -86,7 +37,9 @@ def _fsdp(doc: dict, where: str) -> dict:
         if isinstance(config, dict) and (config.get("cpu_offload") or config.get("offload_params")):
             words.append("offload")
     else:
-        words = value.split() if isinstance(value, str) else list(value or [])
+        words = value.split() if isinstance(value, str) else value or []
+        if not isinstance(words, list) or not all(isinstance(w, str) for w in words):  # a number, a mapping
+            raise bad(where, "fsdp", f"expected FSDP options as words (e.g. \"full_shard auto_wrap\"), got {shown(value)}")
     if not words:
         return {}
     strategy = next((w for w in words if w in FSDP_STRATEGIES), "full_shard")
@@ -105,7 +58,7 @@ def _dtype(doc: dict) -> str | None:
 
 def knobs_of(doc: dict, variant: str, where: str, assumed: list[str]) -> dict:
     k: dict = {}
-    g = lambda key: _get(doc, variant, key)  # noqa: E731
+    g = lambda key: get(doc, variant, key)  # noqa: E731
     if variant == "dpo":
         k["method"] = "dpo"
         if g("precompute_ref_log_probs"):
@@ -115,11 +68,11 @@ def knobs_of(doc: dict, variant: str, where: str, assumed: list[str]) -> dict:
         assumed.append(f"per_device_train_batch_size={k['micro_batch']} (TrainingArguments default)")
     k["grad_accum"] = as_int(where, "gradient_accumulation_steps", g("gradient_accumulation_steps"), minimum=1)
     ckpt = doc.get("activation_checkpointing", doc.get("gradient_checkpointing"))
-    ckpt = _default(variant, "gradient_checkpointing") if ckpt is None else ckpt
+    ckpt = default(variant, "gradient_checkpointing") if ckpt is None else ckpt
     k["checkpointing"] = "full" if ckpt else "off"
     kwargs = doc.get("activation_checkpointing_kwargs") or doc.get("gradient_checkpointing_kwargs") or {}
     if isinstance(kwargs, dict) and "use_reentrant" in kwargs:
-        k["reentrant"] = as_bool(where, _ckpt_kwargs_key(doc) + ".use_reentrant", kwargs["use_reentrant"])
+        k["reentrant"] = as_bool(where, ckpt_kwargs_key(doc) + ".use_reentrant", kwargs["use_reentrant"])
     if doc.get("optim") is not None:
         k["optimizer"] = optimizer_from_hf(where, "optim", doc["optim"])
     if g("use_liger_kernel"):
@@ -127,7 +80,7 @@ def knobs_of(doc: dict, variant: str, where: str, assumed: list[str]) -> dict:
     elif variant == "sft" and doc.get("loss_type") in (None, "nll", "chunked_nll"):
         k["loss"] = "chunked_nll"  # TRL >= 1.7: nll is computed in chunks, without the full logits
     elif variant == "sft" and doc.get("loss_type") not in (None, "nll", "chunked_nll"):
-        raise bad(where, "loss_type", f"{doc['loss_type']!r} is not modelled; memfit models nll (chunked)")
+        raise bad(where, "loss_type", f"{shown(doc['loss_type'])} is not modelled; memfit models nll (chunked)")
     if variant in ("sft", "dpo"):
         k["seq_len"] = as_int(where, "max_length", g("max_length"), minimum=1)
         if "max_length" not in doc:
@@ -170,7 +123,7 @@ def knobs_of(doc: dict, variant: str, where: str, assumed: list[str]) -> dict:
 
 
 def _peft(doc: dict, variant: str, where: str, k: dict, assumed: list[str]) -> None:
-    g = lambda key: _get(doc, variant, key)  # noqa: E731
+    g = lambda key: get(doc, variant, key)  # noqa: E731
     if not g("use_peft"):
         if g("load_in_4bit"):
             raise bad(where, "load_in_4bit", "4-bit loading trains only with use_peft: true")
@@ -205,10 +158,11 @@ def read(path_or_text, *, gpus: int | None = None, variant: str | None = None, f
     syntax, doc = _load(text, where)
     if not isinstance(doc, dict):
         raise bad(where, None, "expected a mapping of argument names to values")
-    variant = variant or detect(doc, path.name if path else "")
-    _check(doc, variant, where)
     assumed: list[str] = []
-    knobs = knobs_of(doc, variant, where, assumed)
+    view = current_names(doc, where, assumed)
+    variant = variant or detect(view, path.name if path else "")
+    warnings = check_keys(view, variant, where)
+    knobs = knobs_of(view, variant, where, assumed)
     companions = {}
     world = {"num_gpus": gpus} if gpus else {}
     dsv = doc.get("deepspeed")
@@ -231,7 +185,7 @@ def read(path_or_text, *, gpus: int | None = None, variant: str | None = None, f
     model = doc.get("model_name_or_path")
     return ImportedConfig(format=FORMAT, profile=PROFILES[variant], knobs=knobs, text=text, doc=doc, path=path,
                           model_name=model if isinstance(model, str) else None, world=world,
-                          variant=f"{variant}:{syntax}", assumed=assumed, companions=companions)
+                          variant=f"{variant}:{syntax}", assumed=assumed, warnings=warnings, companions=companions)
 
 
 def _resolve(value: str, path: Path | None, where: str, files: dict | None) -> Path:
@@ -248,8 +202,8 @@ def _resolve(value: str, path: Path | None, where: str, files: dict | None) -> P
 
 # --- writing -------------------------------------------------------------------------------------------
 
-def _flag(doc: dict, key: str, value, default) -> None:
-    if key in doc or value != default:
+def _flag(doc: dict, key: str, value, unset) -> None:
+    if key in doc or value != unset:
         doc[key] = value
 
 
@@ -270,9 +224,9 @@ def apply(doc: dict, changes: dict, imported: ImportedConfig) -> dict:
             if doc.get("fsdp") and isinstance(doc.get("fsdp_config"), dict) and "activation_checkpointing" in doc["fsdp_config"]:
                 doc["fsdp_config"] = dict(doc["fsdp_config"], activation_checkpointing=value == "full")
             else:
-                _flag(doc, _ckpt_key(doc), value == "full", bool(_default(variant, "gradient_checkpointing")))
+                _flag(doc, ckpt_key(doc), value == "full", bool(default(variant, "gradient_checkpointing")))
         elif knob == "reentrant":
-            key = _ckpt_kwargs_key(doc)
+            key = ckpt_kwargs_key(doc)
             kwargs = dict(doc.get(key) or {})
             if value is None:
                 kwargs.pop("use_reentrant", None)
@@ -282,7 +236,7 @@ def apply(doc: dict, changes: dict, imported: ImportedConfig) -> dict:
         elif knob == "optimizer":
             if value is not None and value not in HF_OPTIM_NAME:
                 raise cannot(imported, knob, value)
-            doc["optim"] = HF_OPTIM_NAME.get(value, _default(variant, "optim"))
+            doc["optim"] = HF_OPTIM_NAME.get(value, default(variant, "optim"))
         elif knob == "loss":
             if value == "liger":
                 doc["use_liger_kernel"] = True
@@ -293,7 +247,7 @@ def apply(doc: dict, changes: dict, imported: ImportedConfig) -> dict:
         elif knob == "seq_len":
             if not trl:
                 raise cannot(imported, knob, value, "TrainingArguments has no sequence length (the data collator sets it)")
-            doc["max_length"] = value
+            doc[spelling(doc, "max_length")] = value
         elif knob == "padding":
             if not trl:
                 raise cannot(imported, knob, value, "TrainingArguments has no packing setting")
@@ -354,17 +308,18 @@ def _peft_apply(doc, knob, value, changes, imported, trl) -> None:
 
 
 def _precision(doc: dict, value, imported: ImportedConfig) -> None:
-    recipe = any(key in doc for key in table("hf")["ModelConfig"])
+    recipe = any(key in current_names(doc, imported.name, []) for key in table("hf")["ModelConfig"])
+    dtype = spelling(doc, "dtype")
     variant = imported.variant.split(":")[0]
-    bf16_default = _default(variant, "bf16")
+    bf16_default = default(variant, "bf16")
     with_ds = doc.get("deepspeed") is not None
     if value in ("bf16-mixed", "fp16-mixed", "fp32") and not with_ds:
         if not recipe:
             raise cannot(imported, "precision", value, "the model's load dtype is set in code; "
                          "with TRL write a recipe with model_name_or_path and dtype")
-        doc["dtype"] = "float32"
+        doc[dtype] = "float32"
     elif value in ("bf16-pure",) and recipe:
-        doc["dtype"] = "bfloat16"
+        doc[dtype] = "bfloat16"
     elif value not in ("bf16-pure", "bf16-mixed", "fp16-mixed", None) or (value == "bf16-pure" and with_ds):
         raise cannot(imported, "precision", value)
     bf16 = value in ("bf16-mixed", "bf16-pure")
@@ -401,7 +356,9 @@ def _engine(doc, knob, value, changes, imported) -> None:
     doc["fsdp"] = " ".join(words) if isinstance(doc.get("fsdp"), str) or not doc.get("fsdp") else words
 
 
-def write_files(imported: ImportedConfig, knobs: dict) -> list[WrittenFile]:
+def write_files(imported: ImportedConfig, knobs: dict, folder: Path | None = None) -> list[WrittenFile]:
+    """The file, and the DeepSpeed JSON it names when that changed (into `folder` when given, with the
+    `deepspeed` path pointing there)."""
     changes = changed_knobs(imported, knobs)
     doc = apply(imported.doc, changes, imported)
     out, files = [], {}
@@ -409,9 +366,12 @@ def write_files(imported: ImportedConfig, knobs: dict) -> list[WrittenFile]:
     ds_changes = {k: v for k, v in changes.items() if k in ds.KNOBS}
     if companion is not None and isinstance(doc.get("deepspeed"), str):
         ds_text = ds.write(companion, {**companion.knobs, **ds_changes}) if ds_changes else companion.text
+        target, reference = companion_target(companion, ds_text, folder)
+        if reference is not None:
+            doc["deepspeed"] = reference
         if ds_text != companion.text:
-            out.append(WrittenFile(companion.path, companion.text, ds_text))
-        files[companion.path] = ds_text
+            out.append(WrittenFile(target, companion.text, ds_text))
+        files[target] = ds_text
     syntax = imported.variant.split(":")[1]
     editor = jsontext if syntax == "json" else yamltext
     text = editor.edit(imported.text, imported.doc, doc, imported.name)

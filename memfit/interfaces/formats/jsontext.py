@@ -27,6 +27,12 @@ def load(text: str, where: str):
         return json.loads(text, object_pairs_hook=no_duplicates)
     except json.JSONDecodeError as e:
         raise MemfitError(f"{where}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except MemfitError:  # a duplicate key (a ValueError too)
+        raise
+    except RecursionError:
+        raise MemfitError(f"{where}: not valid JSON for a config: nested too deeply") from None
+    except ValueError:  # int() refuses a number of more than 4300 digits
+        raise MemfitError(f"{where}: not valid JSON for a config: a number with thousands of digits") from None
 
 
 # --- a small JSON parser that remembers where each value sits in the text ----------------------------

@@ -14,8 +14,8 @@ from pathlib import Path
 from memfit.interfaces.formats import deepspeed as ds
 from memfit.interfaces.formats import jsontext, yamltext
 from memfit.interfaces.formats.base import (HF_OPTIM_NAME, ImportedConfig, WrittenFile, as_bool, as_choice, as_float, as_int,
-                                 as_str, bad, cannot, changed_knobs, doc_copy, lora_targets, optimizer_from_hf,
-                                 read_text, same, unknown_key, verify_written)
+                                 as_str, bad, cannot, changed_knobs, companion_target, doc_copy, launch_path,
+                                 lora_targets, optimizer_from_hf, read_text, same, unknown_key, verify_written)
 from memfit.interfaces.formats.tables import check_type, table
 
 FORMAT = "llamafactory"
@@ -330,9 +330,10 @@ def _new_ds_name(knobs: dict) -> str:
     return f"ds_z{knobs.get('zero_stage', 0)}{'_offload' if offload else ''}_config.json"
 
 
-def write_files(imported: ImportedConfig, knobs: dict) -> list[WrittenFile]:
-    """The YAML, and the DeepSpeed JSON when an engine knob changed (edited in place, or a new file
-    beside the YAML when there was none)."""
+def write_files(imported: ImportedConfig, knobs: dict, folder: Path | None = None) -> list[WrittenFile]:
+    """The YAML, and the DeepSpeed JSON when an engine knob changed: edited (into `folder` when given), or a new
+    file in `folder` (default: beside the YAML) when there was none. `deepspeed:` names a new or moved file as
+    LLaMA-Factory resolves it, from the working directory (base.launch_path)."""
     changes = changed_knobs(imported, knobs)
     if changes.get("engine") == "fsdp":
         raise cannot(imported, "engine", "fsdp", "LLaMA-Factory runs FSDP through an accelerate config; "
@@ -345,17 +346,20 @@ def write_files(imported: ImportedConfig, knobs: dict) -> list[WrittenFile]:
     if _wants_deepspeed(imported, changes):
         if had is not None:
             ds_text = ds.write(had, {**had.knobs, **ds_changes}) if ds_changes else had.text
+            target, reference = companion_target(had, ds_text, folder)
+            if reference is not None:
+                doc["deepspeed"] = reference
             if ds_text != had.text:
-                out.append(WrittenFile(had.path, had.text, ds_text))
-            files[had.path] = ds_text
+                out.append(WrittenFile(target, had.text, ds_text))
+            files[target] = ds_text
         else:
             wanted = {**{k: v for k, v in imported.knobs.items() if k in ds.KNOBS}, **ds_changes}
             name = _new_ds_name(wanted)
-            folder = imported.path.parent if imported.path else Path.cwd()
+            folder = Path(folder) if folder else imported.path.parent if imported.path else Path.cwd()
             ds_text = ds.export(wanted)
             out.append(WrittenFile(folder / name, None, ds_text))
             files[folder / name] = ds_text
-            doc["deepspeed"] = name
+            doc["deepspeed"] = launch_path(folder / name)
     else:
         doc.pop("deepspeed", None)
         leftover = {k: v for k, v in ds_changes.items() if v is not None}

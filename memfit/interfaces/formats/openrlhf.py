@@ -113,19 +113,54 @@ def knobs_of(cmd: Command, version: str, where: str, world: dict) -> tuple[dict,
     return k, assumed, warnings
 
 
+# device memory of an attention kernel, most first: the reading an ambiguous command gets
+ATTENTION_MEMORY = ("eager", "sdpa", "flash")
+
+
+def default_attention(version: str, script: str) -> str:
+    """The attention a release runs when the command names none, from its own argparse defaults (the flag
+    table): <= 0.8.9 has the switch --flash_attn (absent: transformers' eager), later ones --attn_implementation
+    with its default."""
+    flag = flag_name(version, script, "attention")
+    spec = flags_of(version, script)[flag]
+    if spec.get("action") == "store_true":
+        return "flash" if spec.get("default") else "eager"
+    return attention_from_hf(flag, flag, spec.get("default"))
+
+
+def _release_for_attention(cmd: Command, version: str, where: str) -> tuple[str, list[str]]:
+    """A command with no attention flag that several releases parse (legacy `--bf16` commands fit <= 0.8.9 and
+    0.8.10-0.9.1) runs each release's default attention. When those differ, read the release whose default needs
+    the most memory (a "fits" must hold for every release the command can be) and say so."""
+    if len(cmd.fits) < 2 or any(flag_name(v, cmd.script, "attention") in cmd.flags for v in cmd.fits):
+        return version, []
+    defaults = {v: default_attention(v, cmd.script) for v in cmd.fits}
+    if len(set(defaults.values())) < 2:
+        return version, []
+    chosen = min(cmd.fits, key=lambda v: ATTENTION_MEMORY.index(defaults[v]))
+    others = "; ".join(f"OpenRLHF {RELEASES[v]} runs {defaults[v]}" for v in cmd.fits if v != chosen)
+    return chosen, [f"{where}: no attention flag, and these flags fit several OpenRLHF releases: read as "
+                    f"{RELEASES[chosen]}, which runs {defaults[chosen]} attention without one ({others}); "
+                    "name the attention in the command if the run uses another release"]
+
+
 def read(path_or_text, *, gpus: int | None = None, version: str | None = None) -> ImportedConfig:
     text, path = read_text(path_or_text, "OpenRLHF command")
     where = str(path) if path else "OpenRLHF command"
-    cmd, version = parse_command(text, where, version)
+    cmd, detected = parse_command(text, where, version)
+    notes: list[str] = []
+    if version is None:
+        version, notes = _release_for_attention(cmd, detected, where)
+        if version != detected:
+            cmd, version = parse_command(text, where, version)
+    else:
+        version = detected
     world = _launcher(text, cmd)
     if gpus is not None:
         world["num_gpus"] = gpus
     knobs, assumed, warnings = knobs_of(cmd, version, where, world)
     assumed.insert(0, f"flag style of OpenRLHF {RELEASES[version]}")
-    if len(cmd.fits) > 1 and "0.8.9" in cmd.fits and version != "0.8.9":
-        warnings.append(f"{cmd.script}: these flags also fit OpenRLHF <= 0.8.9, where attention is eager "
-                        f"without --flash_attn; read as {RELEASES[version]} (flash_attention_2): pass version='0.8.9' "
-                        "if the run uses an older release")
+    warnings += notes
     model = _value(cmd, version, "model")
     return ImportedConfig(format=FORMAT, profile=PROFILE, knobs=knobs, text=text, doc=cmd, path=path,
                           model_name=model if isinstance(model, str) and not model.startswith("$") else None,

@@ -19,7 +19,7 @@ def table(name: str) -> dict:
 
 def check_type(where: str, key: str, value, spec: dict) -> None:
     """Reject a value of the wrong type for a table entry (None is always allowed: it means unset)."""
-    from memfit.interfaces.formats.base import as_bool, as_float, as_int, bad
+    from memfit.interfaces.formats.base import as_bool, as_float, as_int, bad, shown
 
     kind = spec.get("type", "any")
     if value is None or kind == "any":
@@ -32,10 +32,10 @@ def check_type(where: str, key: str, value, spec: dict) -> None:
         as_bool(where, key, value)
     elif kind == "str":
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise bad(where, key, f"expected a string, got {value!r}")
+            raise bad(where, key, f"expected a string, got {shown(value)}")
         if "choices" in spec and value not in spec["choices"]:
-            raise bad(where, key, f"expected one of {', '.join(map(str, spec['choices']))}; got {value!r}")
+            raise bad(where, key, f"expected one of {', '.join(map(str, spec['choices']))}; got {shown(value)}")
     elif kind == "list" and not isinstance(value, (list, str)):
-        raise bad(where, key, f"expected a list, got {value!r}")
+        raise bad(where, key, f"expected a list, got {shown(value)}")
     elif kind == "dict" and not isinstance(value, (dict, str)):
-        raise bad(where, key, f"expected a mapping, got {value!r}")
+        raise bad(where, key, f"expected a mapping, got {shown(value)}")

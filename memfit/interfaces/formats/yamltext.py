@@ -14,7 +14,13 @@ import yaml
 from memfit.errors import MemfitError
 
 
+# brackets opened in a row, past any real config's nesting: PyYAML would scan all of it before its recursion fails
+TOO_DEEP = re.compile(r"(?:[\[{]\s*){200}")
+
+
 def load(text: str, where: str) -> dict:
+    if TOO_DEEP.search(text):
+        raise MemfitError(f"{where}: not valid YAML for a config: nested too deeply")
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -22,6 +28,10 @@ def load(text: str, where: str) -> dict:
         at = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise MemfitError(f"{where}: not valid YAML: {problem}{at}") from None
+    except RecursionError:
+        raise MemfitError(f"{where}: not valid YAML for a config: nested too deeply") from None
+    except ValueError:  # int() refuses a number of more than 4300 digits
+        raise MemfitError(f"{where}: not valid YAML for a config: a number with thousands of digits") from None
     if doc is None:
         raise MemfitError(f"{where}: the file is empty")
     if not isinstance(doc, dict):
@@ -64,20 +74,38 @@ def _comment_start(s: str) -> int:
     return i + m.start() + (1 if m and m.group(1) else 0) if m else len(s)
 
 
+def _is_item(stripped: str) -> bool:
+    return stripped == "-" or stripped.startswith("- ")
+
+
 def index(text: str, where: str = "") -> dict[tuple, Entry]:
+    """Where each mapping key sits. A block list (`- id: a` items, alignment-handbook's dataset_mixture) is the
+    value of the key above it: its items' own keys repeat from item to item and are not indexed (the editor
+    replaces a list whole)."""
     lines = text.split("\n")
     entries: dict[tuple, Entry] = {}
     stack: list[Entry] = []  # open mappings: their entries, by indent
+    items_at = None  # the dash column of the block list being read
     for n, line in enumerate(lines):
         stripped = line.strip()
         if not stripped or stripped.startswith("#") or stripped in ("---", "..."):
             continue
         indent = len(line) - len(line.lstrip(" "))
+        if items_at is not None and (indent > items_at or (indent == items_at and _is_item(stripped))):
+            for parent in stack:  # inside a list item: part of the key that holds the list
+                parent.last = n
+            continue
+        items_at = None
+        if _is_item(stripped):
+            # a list may sit at its key's own indent (`key:` then `- x` below it), so pop only deeper entries
+            while stack and stack[-1].indent > indent:
+                stack.pop()
+            for parent in stack:
+                parent.last = n
+            items_at = indent
+            continue
         while stack and stack[-1].indent >= indent:
             stack.pop()
-        if stack and stripped.startswith("- "):
-            stack[-1].last = n
-            continue
         m = _KEY.match(line)
         if not m:  # a continuation line (a multi-line scalar, a list item): it belongs to the open entry
             if stack:

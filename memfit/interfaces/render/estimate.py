@@ -16,6 +16,13 @@ def _setup_line(s) -> str:
             f"loss {s.loss}")
 
 
+def _band_text(e) -> str:
+    """The error band the verdict was judged with, and inside it the chance of running out of memory."""
+    width = gib(e.band_fraction * e.device_total.peak.total)
+    band = f" (error band {e.band_fraction:.1%} = {width} GiB, {e.band_kind})"
+    return band + (f", {e.oom_chance:.0%} chance of OOM" if e.verdict == "tight" else "")
+
+
 def print_estimate(e) -> None:
     from rich.table import Table
 
@@ -50,7 +57,7 @@ def print_estimate(e) -> None:
     con.print(f"host RAM per node peaks at {gib(host.total)} GiB in {e.host.peak_phase}: {parts}")
     style = VERDICT_STYLE[e.verdict]
     verdict = f"[{style}]{e.verdict.upper()}[/]: device total {gib(e.device_total.peak.total)} GiB of " \
-              f"{gib(hw.gpu.memory_bytes)} GiB, margin {gib(e.margin_bytes)} GiB"
+              f"{gib(hw.gpu.memory_bytes)} GiB, margin {gib(e.margin_bytes)} GiB" + _band_text(e)
     if e.host_margin_bytes is not None:
         verdict += f"; host margin {gib(e.host_margin_bytes)} GiB"
     con.print(verdict)

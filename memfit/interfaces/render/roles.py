@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from memfit.breakdown import CATEGORIES
 from memfit.interfaces.render.common import VERDICT_STYLE, console, gib
+from memfit.memory.phases import verdict_of
 
 SHORT = {"weights": "weights", "gradients": "grads", "optimizer_states": "optim", "activations": "activ",
          "logits_loss": "logits", "engine_buffers": "buffers", "runtime_overhead": "runtime"}
@@ -22,18 +23,18 @@ def print_roles(e) -> None:
                       f"{r.rows} x {r.seq_len}" if r.rows else "", gib(r.active.total), gib(r.host_per_node))
     con.print(roles)
     for g in e.groups:
-        _print_group(con, g, worst=g.name == e.worst_group)
+        _print_group(con, g, worst=g.name == e.worst_group, band=e.band_fraction)
     if e.drivers:
         con.print("[bold]what drives the peak[/] (GiB): " + "; ".join(f"{k} {gib(v)}" for k, v in e.drivers.items()))
     if e.gpus_needed > e.scenario.world_size:
         con.print(f"[bold red]placement needs {e.gpus_needed} GPUs[/], the hardware has {e.scenario.world_size}")
 
 
-def _print_group(con, g, worst: bool) -> None:
+def _print_group(con, g, worst: bool, band: float) -> None:
     from rich.table import Table
 
-    verdict = "oom" if g.margin_bytes < 0 else "fits"
-    mark = f"  [{VERDICT_STYLE[verdict]}]{'OVERFLOWS' if verdict == 'oom' else 'fits'}[/]" + \
+    verdict = verdict_of(g.margin_bytes, g.capacity, None, band)  # the run's rule, its band included
+    mark = f"  [{VERDICT_STYLE[verdict]}]{'OVERFLOWS' if verdict == 'oom' else verdict}[/]" + \
         ("  <- worst GPU" if worst else "")
     t = Table(title=f"GPU group '{g.name}' ({g.gpus} GPUs, {len(g.processes)} processes per GPU): per-GPU sum by "
                     f"role at the peak moment '{g.peak_moment}', device total GiB")
