@@ -18,7 +18,7 @@ def layer_of(module: str) -> str:
     if module in FOUNDATION:
         return "foundation"
     part = module.split(".")[1]
-    if part in ("trace", "measure"):
+    if part in ("trace", "measure", "monitor"):
         return "checkers"
     return part
 

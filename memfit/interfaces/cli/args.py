@@ -73,6 +73,10 @@ def _add(group, k: Knob, positional: bool = False) -> None:
         options["type"] = float
     if k.const is not None:
         options |= {"nargs": "?", "const": k.const}
+    if k.name == "from_file":  # several files of one run: --from A --from B (formats/launch_merge.py)
+        options |= {"action": "append", "metavar": "FILE",
+                    "help": k.help + "; a launch script or command line is followed to its files; repeat --from "
+                                     "for several files of one run"}
     group.add_argument(k.flag, *k.aliases, **options)
 
 
@@ -150,9 +154,9 @@ def scenario_and_file(a: argparse.Namespace, hw=None):
     typed = {k for k, v in given.items() if v is not None}  # a typed flag that does nothing is an error
     profile, model, imported = a.profile, a.model, None
     if a.from_file:
-        from memfit.interfaces.formats import read_config
+        from memfit.interfaces.formats import read_configs
 
-        imported = read_config(a.from_file, gpus=hw.world_size)
+        imported = read_configs(a.from_file, gpus=hw.world_size)
         given = imported.knobs | {k: v for k, v in given.items() if v is not None}
         profile = profile or imported.profile
         model = model or imported.model_name
@@ -171,23 +175,28 @@ def hardware_for_file(a: argparse.Namespace):
     (accelerate's num_processes / num_machines, an OpenRLHF launcher's --num_gpus, a DeepSpeed batch triangle)."""
     from dataclasses import replace
 
-    from memfit.interfaces.formats import read_config
+    from memfit.interfaces.formats import read_configs
 
     hw = hardware_from_args(a)
-    stated = read_config(a.from_file).world
+    stated = read_configs(a.from_file).world
     total, nodes = stated.get("num_gpus"), stated.get("nodes") or 1
     if total is None:
         return hw, []
     typed = a.gpus_per_node is not None or a.nodes is not None
     if not typed:
         if total % nodes:
-            raise MemfitError(f"{a.from_file}: {total} GPUs do not split over {nodes} nodes; say --gpus and --nodes")
+            raise MemfitError(f"{_names(a.from_file)}: {total} GPUs do not split over {nodes} nodes; say --gpus and --nodes")
         return replace(hw, gpus_per_node=total // nodes, nodes=nodes), [
             f"{total} GPUs{f' on {nodes} nodes' if nodes > 1 else ''} as the file says (--gpus / --nodes to change)"]
     if total != hw.world_size:
         return hw, [f"the file says {total} GPUs, the command line {hw.world_size}: the command line's count is used "
                     "(the launcher's own flag wins the same way)"]
     return hw, []
+
+
+def _names(files) -> str:
+    """The --from file(s) as an error names them (one file: as before)."""
+    return str(files) if isinstance(files, str) else " + ".join(map(str, files))
 
 
 def file_notes(imported) -> list[str]:

@@ -125,10 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     from memfit.interfaces.cli.doctor import add_doctor_command
     from memfit.interfaces.cli.fit import add_fit_command
     from memfit.interfaces.cli.plan import add_plan_command
+    from memfit.interfaces.cli.watch import add_watch_command
 
     add_plan_command(sub)
     add_fit_command(sub)
     add_doctor_command(sub)
+    add_watch_command(sub)
     for name, fn in (("models", _cmd_models), ("gpus", _cmd_gpus)):
         sp = sub.add_parser(name, help=f"list the {name} catalog")
         sp.add_argument("filter", nargs="?", help="substring to filter by")

@@ -14,20 +14,24 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from pathlib import Path
 
 from memfit.errors import MemfitError
 from memfit.facts.engines.deepspeed import overlap
 from memfit.facts.knobs import acts, knobs, said_by
-from memfit.interfaces.formats import accelerate, deepspeed, hf, llamafactory, openrlhf, yamltext
+from memfit.interfaces.formats import accelerate, deepspeed, hf, launch, llamafactory, openrlhf, yamltext
 from memfit.interfaces.formats.base import ImportedConfig, WrittenFile, read_text
 
 MODULES = {"deepspeed": deepspeed, "llamafactory": llamafactory, "openrlhf": openrlhf, "accelerate": accelerate,
-           "hf": hf}
+           "hf": hf, "launch": launch}
 FORMATS = tuple(MODULES)
 
 __all__ = ["FORMATS", "ImportedConfig", "WrittenFile", "detect_format", "diff", "export_scenario", "exportable",
-           "knobs_from_scenario", "read_config", "reread", "sayable", "write_config", "write_config_files"]
+           "knobs_from_scenario", "read_config", "read_configs", "reread", "sayable", "write_config", "write_config_files"]
+# a launch line: its first word (after VAR=value assignments) is a launcher memfit follows (formats/launch.py)
+_LAUNCH_LINE = re.compile(r"(?m)^[ \t]*(?:[A-Za-z_]\w*=\S*[ \t]+)*(?:\S*/)?(?:accelerate[ \t]+launch|deepspeed|torchrun|"
+                          r"llamafactory-cli[ \t]+train|lmf[ \t]+train|trl[ \t]+(?:sft|dpo)|python[\d.]*)(?=[ \t])")
 
 
 def detect_format(text: str, name: str = "") -> str:
@@ -37,6 +41,8 @@ def detect_format(text: str, name: str = "") -> str:
     if "openrlhf.cli." in text and (suffix in (".sh", ".txt", ".bash", "") or
                                      head.startswith(("deepspeed", "python", "torchrun", "set", "#", "read", "export"))):
         return "openrlhf"
+    if suffix in (".sh", ".bash") or (suffix in (".txt", "") and _LAUNCH_LINE.search(text)):
+        return "launch"
     if suffix == ".json" or head.startswith("{"):
         try:
             doc = json.loads(text)
@@ -83,6 +89,14 @@ def read_config(path_or_text, *, format: str | None = None, gpus: int | None = N
     if fmt not in MODULES:
         raise MemfitError(f"unknown config format {fmt!r}; choose one of: {', '.join(FORMATS)}")
     return MODULES[fmt].read(path if path else text, gpus=gpus, **options)
+
+
+def read_configs(paths, *, gpus: int | None = None) -> ImportedConfig:
+    """One file as read_config reads it; several files of one run (and launches) merged (formats/launch_merge.py)."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    if len(paths) == 1:
+        return read_config(paths[0], gpus=gpus)
+    return launch.read_many(paths, gpus=gpus)
 
 
 def write_config_files(imported: ImportedConfig, knobs: dict, folder: Path | None = None) -> list[WrittenFile]:
@@ -144,6 +158,8 @@ def sayable(imported: ImportedConfig) -> frozenset[str]:
     """The knobs this file can say: its format's, and a DeepSpeed file's when it has one or can make one. An
     accelerate config without `deepspeed_config_file` cannot: its deepspeed_config holds the plugin's few keys,
     and the rest (buckets) is what HF's "auto" gives."""
+    if imported.format == "launch":
+        raise launch.not_written(imported)
     if imported.format == "accelerate" and "deepspeed" not in imported.companions:
         return said_by("accelerate")
     return exportable(imported.format)
