@@ -22,6 +22,7 @@ from memfit.interfaces.formats.base import (HF_ATTENTION_NAME, HF_OPTIM_NAME, Im
                                             shown, verify_written)
 from memfit.interfaces.formats.hf_keys import (check_keys, ckpt_key, ckpt_kwargs_key, current_names, default, detect,
                                               get, spelling)
+from memfit.interfaces.formats.not_modelled import named
 from memfit.interfaces.formats.tables import table
 
 FORMAT = "hf"
@@ -161,7 +162,7 @@ def read(path_or_text, *, gpus: int | None = None, variant: str | None = None, f
     assumed: list[str] = []
     view = current_names(doc, where, assumed)
     variant = variant or detect(view, path.name if path else "")
-    warnings = check_keys(view, variant, where)
+    warnings = check_keys(view, variant, where) + named("hf", view, where)
     knobs = knobs_of(view, variant, where, assumed)
     companions = {}
     world = {"num_gpus": gpus} if gpus else {}

@@ -16,6 +16,7 @@ from memfit.interfaces.formats import jsontext, yamltext
 from memfit.interfaces.formats.base import (HF_OPTIM_NAME, ImportedConfig, WrittenFile, as_bool, as_choice, as_float, as_int,
                                  as_str, bad, cannot, changed_knobs, companion_target, doc_copy, launch_path,
                                  lora_targets, optimizer_from_hf, read_text, same, unknown_key, verify_written)
+from memfit.interfaces.formats.not_modelled import named
 from memfit.interfaces.formats.tables import check_type, table
 
 FORMAT = "llamafactory"
@@ -212,7 +213,7 @@ def read(path_or_text, *, gpus: int | None = None, files: dict | None = None, pa
     model = doc.get("model_name_or_path")
     return ImportedConfig(format=FORMAT, profile=PROFILE, knobs=knobs, text=text, doc=doc, path=path,
                           model_name=model if isinstance(model, str) else None, world=world, assumed=assumed,
-                          companions=companions)
+                          warnings=named(FORMAT, doc, where), companions=companions)
 
 
 # --- writing -------------------------------------------------------------------------------------------
