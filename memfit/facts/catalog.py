@@ -14,6 +14,7 @@ from functools import cache
 from pathlib import Path
 
 from memfit.errors import MemfitError
+from memfit.facts.activation_table import activation_saved, known_activation
 from memfit.facts import hub
 
 HERE = Path(__file__).parent / "data"
@@ -286,37 +287,16 @@ def _read_config(path: Path) -> dict:
         raise MemfitError(f"cannot read model config {str(file)!r}: {e.strerror or e}") from None
     if not isinstance(data, dict):
         raise MemfitError(f"malformed config.json {str(file)!r}: expected a JSON object")
+    encoders = {k: data[k] for k in config_reading()["encoder_keys"] if isinstance(data.get(k), dict)}
     if isinstance(data.get("text_config"), dict):  # multimodal wrappers (Gemma 3): the language model
         data = {**data["text_config"], "model_type": data["text_config"].get("model_type", data.get("model_type"))}
-    return data
+    return {**data, "_encoders": encoders}
 
 
 def _dotted(data: dict, key: str):
     for part in key.split("."):
         data = data.get(part) if isinstance(data, dict) else None
     return data
-
-
-@cache
-def _activations() -> dict:
-    with open(HERE / "activations.toml", "rb") as f:
-        return tomllib.load(f)
-
-
-def activation_saved(name: str) -> float:
-    """Input-sized tensors (in compute-dtype units) the MLP activation `name` keeps for backward; an unknown
-    activation is given the largest count of any known one (guess high)."""
-    saved = _activations()["saved"]
-    return saved.get(name, max(saved.values()))
-
-
-def activation_saves_output(name: str) -> bool:
-    """Whether what the activation saves includes its own output (ReLU), the same tensor the next Linear saves."""
-    return _activations().get("saves_output", {}).get(name, False)
-
-
-def known_activation(name: str) -> bool:
-    return name in _activations()["saved"]
 
 
 @cache
@@ -435,5 +415,18 @@ def model_from_config_file(path: Path) -> ModelSpec:
     if not known_activation(act):
         assumed.append(f"activation {act!r} is not in activations.toml: assumed it saves {activation_saved(act):g} "
                        f"input-sized tensors (the most of any known one)")
-    entry["assumed"] = assumed
+    entry["assumed"] = assumed + [_encoder_note(path, name, enc) for name, enc in data["_encoders"].items()]
     return _build_model(entry, str(path))
+
+
+def _encoder_note(path, name: str, encoder: dict) -> str:
+    """A vision / audio tower is not modelled: an under-estimate, said with the tower's rough size where the config
+    gives its shape: its transformer blocks (attention 4 e^2 + MLP 2 e m per layer), not its embeddings or projector."""
+    r = config_reading()
+    depth, e, m = (next((encoder[k] for k in r[g] if isinstance(encoder.get(k), int)), None)
+                   for g in ("encoder_depth", "encoder_width", "encoder_mlp"))
+    m = m or (int(e * encoder["mlp_ratio"]) if e and isinstance(encoder.get("mlp_ratio"), (int, float)) else None)
+    size = f" (at least about {depth * (4 * e * e + 2 * e * m) / 1e9:.2f}B parameters)" if depth and e and m else ""
+    return (f"{path}: {name}: the model has an encoder tower{size} that memfit does not model: the estimate is the "
+            "language model only, too low by the tower's weights, and by its gradients, optimizer states and "
+            "activations when it is trained")

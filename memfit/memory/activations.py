@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memfit.facts.adapters import bytes_of, facts_for, setup_name, wraps
-from memfit.facts.catalog import activation_saved, activation_saves_output
+from memfit.facts.activation_table import activation_saved, activation_saves_output
 from memfit.facts.engines import engine_of
 from memfit.facts.recompute import Recompute
 from memfit.memory.inventory import ParamTensor, feedforward

@@ -1,0 +1,30 @@
+"""activations.toml: what each MLP activation function keeps for backward (counted from the real torch ops)."""
+from __future__ import annotations
+
+import tomllib
+from functools import cache
+from pathlib import Path
+
+HERE = Path(__file__).parent / "data"
+
+
+@cache
+def _activations() -> dict:
+    with open(HERE / "activations.toml", "rb") as f:
+        return tomllib.load(f)
+
+
+def activation_saved(name: str) -> float:
+    """Input-sized tensors (in compute-dtype units) the MLP activation `name` keeps for backward; an unknown
+    activation is given the largest count of any known one (guess high)."""
+    saved = _activations()["saved"]
+    return saved.get(name, max(saved.values()))
+
+
+def activation_saves_output(name: str) -> bool:
+    """Whether what the activation saves includes its own output (ReLU), the same tensor the next Linear saves."""
+    return _activations().get("saves_output", {}).get(name, False)
+
+
+def known_activation(name: str) -> bool:
+    return name in _activations()["saved"]
