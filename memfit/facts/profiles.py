@@ -15,6 +15,7 @@ from memfit.facts.engines import ENGINES
 from memfit.facts.engines.deepspeed import hf_auto_buckets
 from memfit.facts.frameworks import Framework, framework
 from memfit.facts.knobs import acting_when, inert_because, knobs
+from memfit.facts.runtime import default_runtime
 from memfit.facts.methods import several_models
 from memfit.facts.scenario import Hardware, Scenario
 
@@ -114,7 +115,7 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
     if values.get("tuning") in adapter_methods():
         _peft_defaults(values, given, assumed)
     s = Scenario(model=model, hardware=hardware, profile=profile_name, assumed=tuple(assumed), **values)
-    notes = _inert(s, given, typed) + _beyond_positions(s)
+    notes = _inert(s, given, typed) + _beyond_positions(s) + _machine(hardware)
     return replace(s, assumed=s.assumed + tuple(notes)) if notes else s
 
 
@@ -150,6 +151,17 @@ def _beyond_positions(s: Scenario) -> list[str]:
         return []
     return [f"sequence of {tokens:,} tokens is beyond the model's max_position_embeddings ({limit:,}): "
             f"{BEYOND_POSITIONS.get(s.model.position, BEYOND_POSITIONS['rope'])}; memory is estimated as given"]
+
+
+def _machine(hardware: Hardware) -> list[str]:
+    """A machine profile's constants change every estimate on that machine: say which and where from."""
+    rt = hardware.runtime
+    if rt == default_runtime():
+        return []
+    return [f"runtime constants from {rt.source}: CUDA context {rt.cuda_context / 2**30:.2f} GiB, NCCL "
+            f"{rt.nccl_one_node / 2**30:.2f} GiB (one node) / {rt.nccl_multi_node / 2**30:.2f} GiB (several), "
+            f"allocator slack {rt.fragmentation_of_churn:.0%} of the bytes freed within a step, host baseline "
+            f"{rt.process_host_baseline / 2**30:.2f} GiB per process"]
 
 
 def _peft_defaults(values: dict, given, assumed: list[str]) -> None:

@@ -14,6 +14,7 @@ from memfit.facts.adapters import adapter_methods, method_info, trains_adapters,
 from memfit.facts.catalog import GpuSpec, ModelSpec
 from memfit.facts.engines import engine_of
 from memfit.facts.knobs import Knob, hardware, knobs
+from memfit.facts.runtime import Runtime, default_runtime
 
 ROLE_GROUPS = ("actor", "ref", "critic", "reward")
 MODULES_TO_SAVE = ("embed_tokens", "lm_head")  # the model-level modules memfit's inventory names
@@ -30,6 +31,7 @@ class Hardware:
     gpus_per_node: int = 1
     nodes: int = 1
     host_ram: int | None = None  # bytes per node; None = unknown, no host verdict
+    runtime: Runtime = field(default_factory=default_runtime)  # a machine profile's constants, or the defaults
 
     def __post_init__(self) -> None:
         table = hardware()

@@ -36,7 +36,7 @@ def _offloaded(ms: ModelStates, g: int) -> dict[str, int]:
 
 def host_profile(s: Scenario, tensors: list[ParamTensor], ms: ModelStates, act: Activations) -> PhaseProfile:
     g = s.hardware.gpus_per_node
-    base = {"runtime_overhead": overheads.PROCESS_HOST_BASELINE * g}
+    base = {"runtime_overhead": overheads.host_baseline(s.hardware.runtime) * g}
     model_bytes = sum(t.total for t in tensors if t.kind != "lora") * s.compute_bytes
     # PEFT adds the adapters on each rank's host copy, in their own dtype, before the engine moves or casts them
     adapters = sum(t.total for t in tensors if t.kind == "lora") * (4 if s.adapter_dtype == "fp32" else s.compute_bytes)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from memfit.facts.engines import engine_of
+from memfit.facts.runtime import Runtime
 from memfit.memory import overheads
 from memfit.memory.activations import Activations
 from memfit.breakdown import Breakdown, PhaseProfile
@@ -113,9 +114,9 @@ def _churn(b: Breakdown, ms: ModelStates) -> int:
             + ms.gathered_forward + max(ms.grads_unreduced, ms.head_reduce, ms.last_reduce))
 
 
-def reserved_profile(alloc: PhaseProfile, ms: ModelStates) -> PhaseProfile:
+def reserved_profile(alloc: PhaseProfile, ms: ModelStates, rt: Runtime) -> PhaseProfile:
     return PhaseProfile({
-        phase: b.plus("runtime_overhead", overheads.allocator_cache(_churn(b, ms)))
+        phase: b.plus("runtime_overhead", overheads.allocator_cache(_churn(b, ms), rt))
         for phase, b in alloc.phases.items()
     })
 

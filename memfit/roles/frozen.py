@@ -94,7 +94,7 @@ def frozen_role(s: Scenario, model: ModelSpec, rows: int, logits_kind: str, valu
 def frozen_host(fr: FrozenRole, gpus_per_node: int) -> PhaseProfile:
     """Host RAM per node of a frozen role's processes: the process baseline, its load copies, pinned offload."""
     model_bytes = fr.params * fr.scenario.compute_bytes
-    base = overheads.PROCESS_HOST_BASELINE * gpus_per_node
+    base = overheads.host_baseline(fr.scenario.hardware.runtime) * gpus_per_node
     steady = Breakdown({"runtime_overhead": base, "weights": HostBuffer("offload", fr.host_per_rank, "weights", pinned=True).resident
                         * gpus_per_node})
     once = engine_of(fr.scenario).frozen_loads_once_per_node(fr.scenario)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memfit.breakdown import PHASES, Breakdown, PhaseProfile
+from memfit.facts.runtime import Runtime
 from memfit.memory import overheads
 from memfit.memory.phases import verdict_of
 from memfit.roles.trained import TrainedRole
@@ -41,6 +42,7 @@ class Holding:
 class Process:
     name: str
     world: int  # GPUs its collectives span (NCCL when > 1)
+    runtime: Runtime  # its machine's constants: CUDA context and NCCL
     nodes: int = 1
 
 
@@ -111,7 +113,7 @@ def _settle(holdings: list[Holding], processes: dict[str, Process]) -> tuple[dic
         _add(by_role.setdefault(h.role, {}), h.allocated.parts, runtime_overhead=h.cache, optimizer_states=h.outside)
     for name, role in first_role.items():
         p = processes[name]
-        context, nccl = overheads.non_torch_device_bytes(p.world, p.nodes)
+        context, nccl = overheads.non_torch_device_bytes(p.world, p.nodes, p.runtime)
         _add(by_role[role], {}, runtime_overhead=context + nccl)
     device: dict[str, int] = {}
     for parts in by_role.values():
@@ -146,5 +148,5 @@ def trained_holding(process: str, role: str, tr: TrainedRole, phase: str, reserv
     return Holding(process, role, b, reserved.phases[phase].total - b.total, tr.states.paged_optimizer)
 
 
-def frozen_cache(b: Breakdown) -> int:
-    return overheads.allocator_cache(b.get("activations") + b.get("logits_loss"))
+def frozen_cache(b: Breakdown, rt: Runtime) -> int:
+    return overheads.allocator_cache(b.get("activations") + b.get("logits_loss"), rt)

@@ -28,7 +28,7 @@ def place(s: Scenario, notes: list[str]) -> Placement:
     value_head = bool(facts.get("value_head"))
     kind = framework_facts(s.profile)["logits"] if several_models(s.method) else None
     policy = trained_role(s, rows, kind, value_head)
-    reserved = reserved_profile(policy.allocated, policy.states)
+    reserved = reserved_profile(policy.allocated, policy.states, policy.scenario.hardware.runtime)
     ref_kind, why = reference(s)
     notes.extend(why)
     ref = None
@@ -41,7 +41,7 @@ def place(s: Scenario, notes: list[str]) -> Placement:
     if facts.get("kl_rows"):
         notes.append("KTO's mismatched KL rows run as separate no-grad forwards of the same size (not on top)")
     hw = s.hardware
-    processes = {"trainer": Process("trainer", s.world_size, hw.nodes)}
+    processes = {"trainer": Process("trainer", s.world_size, hw.runtime, hw.nodes)}
     group = gpu_group(f"all {s.world_size} GPUs", s.world_size, hw.gpu.memory_bytes,
                       _moments(policy, reserved, ref), processes)
     roles = [_policy_role(s, policy, group, rows, kind, value_head)]
@@ -73,7 +73,7 @@ def _moments(policy: TrainedRole, reserved: PhaseProfile, ref: FrozenRole | None
         # the policy's forward is over: its saved activations and log-prob logits wait for backward
         fwd = policy.allocated.phases["forward"].parts
         kept = Breakdown({**fwd, "activations": policy.act.saved_total, "logits_loss": policy.logits.saved})
-        ref_cache = frozen_cache(ref.forward)
+        ref_cache = frozen_cache(ref.forward, policy.scenario.hardware.runtime)
         # the caching allocator keeps what the policy's forward reserved: the reference's forward allocates
         # into that slack before it reserves more, so this moment never reserves less than the forward did
         slack = reserved.phases["forward"].total - kept.total - ref.forward.total - ref_cache
@@ -99,7 +99,8 @@ def _policy_role(s: Scenario, policy: TrainedRole, group: GpuGroup, rows: int, k
 
 def _policy_cache(policy: TrainedRole, b: Breakdown) -> int:
     ms = policy.states
-    return overheads.allocator_cache(b.get("activations") + b.get("logits_loss") + ms.gathered_forward)
+    return overheads.allocator_cache(b.get("activations") + b.get("logits_loss") + ms.gathered_forward,
+                                     policy.scenario.hardware.runtime)
 
 
 def _drivers(policy: TrainedRole, ref: FrozenRole | None, group: GpuGroup) -> dict[str, int]:

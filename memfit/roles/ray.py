@@ -15,6 +15,7 @@ from memfit.facts.catalog import find_model
 from memfit.facts.engines import engine_of
 from memfit.facts.methods import framework_facts, generator_facts, method_facts, reference
 from memfit.facts.scenario import Hardware, Scenario
+from memfit.facts.runtime import Runtime
 from memfit.memory import overheads
 from memfit.memory.phases import reserved_profile
 from memfit.roles.frozen import FrozenRole, frozen_host, frozen_role, nograd_forward
@@ -58,7 +59,7 @@ def place(s: Scenario, notes: list[str]) -> Placement:
     run = _models(s, notes)
     moments = _moments(run)
     hw, per_node = s.hardware, s.hardware.gpus_per_node
-    processes = {p: Process(p, run.sizes[g] if p != "vllm" else s.vllm_tp, -(-run.sizes[g] // per_node))
+    processes = {p: Process(p, run.sizes[g] if p != "vllm" else s.vllm_tp, s.hardware.runtime, -(-run.sizes[g] // per_node))
                  for p, g in run.groups.items()}
     groups = []
     for g in dict.fromkeys(run.groups.values()):  # one GpuGroup per distinct group, from its processes' holdings
@@ -176,7 +177,7 @@ def _others(run: RayRun, busy: set[str], vllm: Holding | None = None) -> list[Ho
 
 def _moments(run: RayRun) -> dict[Moment, list[Holding]]:
     moments: dict[Moment, list[Holding]] = {}
-    reserved = {proc: reserved_profile(tr.allocated, tr.states) for proc, tr in run.trainers()}
+    reserved = {proc: reserved_profile(tr.allocated, tr.states, tr.scenario.hardware.runtime) for proc, tr in run.trainers()}
     moments[Moment("load", "load")] = [trained_holding(proc, ROLE_OF[proc], tr, "load", reserved[proc])
                                        for proc, tr in run.trainers()] + _others(run, {"actor", "critic"})
     if run.gen:
@@ -203,7 +204,7 @@ def _experience(run: RayRun) -> dict[Moment, list[Holding]]:
         else:
             fwd, b = model.forward, model.active()
         role = ROLE_OF[proc]
-        out[Moment(f"experience:{role}", "forward")] = [Holding(proc, role, b, frozen_cache(fwd))] + _others(run, {proc})
+        out[Moment(f"experience:{role}", "forward")] = [Holding(proc, role, b, frozen_cache(fwd, run.s.hardware.runtime))] + _others(run, {proc})
     return out
 
 
@@ -255,13 +256,13 @@ def _roles(run: RayRun, group_of: dict[str, str]) -> list[RoleEstimate]:
                                 + (", sleep level 1" if gen.sleep else ""),
                                 params=run.actor.params, trainable=0, rows=0, seq_len=s.seq_len,
                                 idle=run.vllm_rest(), active=gen.awake(),
-                                host_per_node=_vllm_host(gen, run.gpus("vllm"), per_node),
+                                host_per_node=_vllm_host(gen, run.gpus("vllm"), per_node, s.hardware.runtime),
                                 notes=[f"KV cache {max(0, gen.kv_cache) / 2**30:.1f} GiB per GPU"]))
     return out
 
 
-def _vllm_host(gen: Generator, gpus: int, per_node: int) -> int:
-    return (gen.host_per_gpu() + overheads.PROCESS_HOST_BASELINE) * min(gpus, per_node)
+def _vllm_host(gen: Generator, gpus: int, per_node: int, rt: Runtime) -> int:
+    return (gen.host_per_gpu() + overheads.host_baseline(rt)) * min(gpus, per_node)
 
 
 def _host(run: RayRun) -> PhaseProfile:
@@ -277,5 +278,5 @@ def _host(run: RayRun) -> PhaseProfile:
         for _, tr in run.trainers():
             extra += tr.sleep_host_bytes() * min(tr.scenario.world_size, per_node)
     if run.gen:
-        extra += _vllm_host(run.gen, run.gpus("vllm"), per_node)
+        extra += _vllm_host(run.gen, run.gpus("vllm"), per_node, run.s.hardware.runtime)
     return PhaseProfile({p: b.plus("weights", extra) for p, b in total.items()})
