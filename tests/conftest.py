@@ -1,4 +1,5 @@
 import os
+import tempfile
 
 import pytest
 
@@ -8,6 +9,9 @@ from memfit.facts.scenario import Hardware
 
 # the planner's search stops at a wall-clock deadline; on a loaded machine that would change the plans tested
 os.environ.setdefault("MEMFIT_PLAN_DEADLINE", "300")
+# a machine profile of the developer's own (memfit calibrate --save) would change every estimate: none is read
+os.environ.pop("MEMFIT_MACHINE", None)
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="memfit-tests-config-")  # chromium writes there too
 
 
 @pytest.fixture

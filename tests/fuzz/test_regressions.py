@@ -135,3 +135,10 @@ def test_an_integer_too_big_for_a_float_is_read_as_an_integer(tmp_path):  # was 
                     + ', "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4}')
     with pytest.raises(MemfitError, match="train_batch_size"):
         read_config(path, gpus=8)
+
+
+def test_a_float_key_of_400_digits_is_one_line(tmp_path, capsys):  # was OverflowError in formats/base.as_float
+    path = tmp_path / "sft_config.yaml"
+    path.write_text("model_name_or_path: Qwen/Qwen2-7B\nmax_length: 2048\nlearning_rate: 1" + "0" * 400 + "\n")
+    one_error_line(["estimate", "--from", str(path), "--gpu", "a100-80gb", "--json"], capsys, "learning_rate",
+                   "expected a number")

@@ -121,6 +121,7 @@ def knobs_from_args(a: argparse.Namespace) -> dict:
 def hardware_from_args(a: argparse.Namespace):
     from memfit.facts.catalog import custom_gpu, find_gpu
     from memfit.facts.scenario import Hardware
+    from memfit.interfaces.machine import load_runtime
 
     table = hardware()
     if not a.gpu and not a.gpu_mem:
@@ -131,7 +132,7 @@ def hardware_from_args(a: argparse.Namespace):
     host = parse_size(a.host_ram, table["host_ram"].label) if a.host_ram else None
     count = {name: getattr(a, name) if getattr(a, name) is not None else table[name].default
              for name in ("gpus_per_node", "nodes")}
-    return Hardware(gpu=gpu, host_ram=host, **count)
+    return Hardware(gpu=gpu, host_ram=host, runtime=load_runtime(getattr(a, "machine", None)), **count)
 
 
 def scenario_from_args(a: argparse.Namespace):

@@ -15,6 +15,10 @@ def _cmd_estimate(a) -> int:
     from memfit.roles.estimate import estimate
 
     result = estimate(scenario_from_args(a))
+    if a.html:  # the page as well as the usual output (render/html.py draws the --json document)
+        from memfit.interfaces.render.html import estimate_page, write_page
+
+        write_page(a.html, estimate_page(result.to_json()))
     if a.json:
         import json
 
@@ -108,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     est = sub.add_parser("estimate", help="predict per-GPU and host memory, with a breakdown and a verdict")
     add_scenario_arguments(est)
     est.add_argument("--json", action="store_true", help="print the documented JSON document instead of tables")
+    est.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report (charts) to FILE")
     est.set_defaults(run=_cmd_estimate)
     tr = sub.add_parser("trace", help="run the real transformers/PEFT step on fake tensors (needs memfit[trace])")
     add_scenario_arguments(tr)
@@ -122,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     me.add_argument("--weights", help="a local folder with real weights (default: random init from the catalog)")
     me.add_argument("--json", action="store_true")
     me.set_defaults(run=_cmd_measure)
+    from memfit.interfaces.cli.calibrate import add_calibrate_command
     from memfit.interfaces.cli.doctor import add_doctor_command
     from memfit.interfaces.cli.fit import add_fit_command
     from memfit.interfaces.cli.plan import add_plan_command
@@ -131,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_fit_command(sub)
     add_doctor_command(sub)
     add_watch_command(sub)
+    add_calibrate_command(sub)
     for name, fn in (("models", _cmd_models), ("gpus", _cmd_gpus)):
         sp = sub.add_parser(name, help=f"list the {name} catalog")
         sp.add_argument("filter", nargs="?", help="substring to filter by")

@@ -29,6 +29,8 @@ def add_plan_command(subparsers) -> None:
     p.add_argument("--no-resume", action="store_true",
                    help="the run never resumes from a checkpoint: judge host RAM without the resume phase")
     p.add_argument("--json", action="store_true", help="print a JSON document instead of tables")
+    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report (the plan table and the "
+                                                  "start's charts) to FILE")
     limits = p.add_mutually_exclusive_group()
     limits.add_argument("--max-seq", action="store_true",
                         help="instead of plans: the longest sequence that fits, everything else fixed (no --gpu: "
@@ -43,6 +45,8 @@ def run_plan(a: argparse.Namespace) -> int:
     from memfit.planner.plan import Options, baseline, closest_miss, plan
 
     if a.max_seq or a.max_batch:
+        if a.html:
+            raise MemfitError("--html draws plans; --max-seq / --max-batch have no HTML report yet")
         return run_limits(a)
     base = scenario_from_args(a)
     allow = {x.strip() for x in a.allow.split(",") if x.strip()}
@@ -50,6 +54,11 @@ def run_plan(a: argparse.Namespace) -> int:
     rows = plan(base, allow, a.global_batch, top_k=a.top, options=options)
     start = baseline(base, a.global_batch, options)
     miss = None if rows else closest_miss(base, allow, a.global_batch, options)
+    if a.html:  # the plan document, and the estimate document of its start for the bars (render/html.py)
+        from memfit.interfaces.render.html import plan_page, write_page
+        from memfit.roles.estimate import estimate
+
+        write_page(a.html, plan_page(plan_json(start, rows, miss, options), estimate(start.scenario).to_json()))
     if a.json:
         print(json.dumps(plan_json(start, rows, miss, options), indent=2))
     else:

@@ -88,6 +88,8 @@ def read_config(path_or_text, *, format: str | None = None, gpus: int | None = N
     fmt = format or detect_format(text, path.name if path else "")
     if fmt not in MODULES:
         raise MemfitError(f"unknown config format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+    if fmt == "launch":  # the files a launch names are read back through here
+        options["readers"] = (read_config, detect_format)
     return MODULES[fmt].read(path if path else text, gpus=gpus, **options)
 
 
@@ -96,7 +98,7 @@ def read_configs(paths, *, gpus: int | None = None) -> ImportedConfig:
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     if len(paths) == 1:
         return read_config(paths[0], gpus=gpus)
-    return launch.read_many(paths, gpus=gpus)
+    return launch.read_many(paths, gpus=gpus, readers=(read_config, detect_format))
 
 
 def write_config_files(imported: ImportedConfig, knobs: dict, folder: Path | None = None) -> list[WrittenFile]:

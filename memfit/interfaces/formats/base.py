@@ -99,7 +99,7 @@ def as_float(where: str, key: str, value) -> float:
         if isinstance(value, bool):
             raise ValueError
         return float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int of 400 digits
         raise bad(where, key, f"expected a number, got {shown(value)}") from None
 
 

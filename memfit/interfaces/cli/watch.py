@@ -1,0 +1,118 @@
+"""`memfit watch RUN.jsonl...`: a monitored run (memfit.monitor.MemoryMonitor's lines) summarized per rank, with
+steady growth, imbalance across ranks and fragmentation named with their likely causes and knobs; --follow
+re-reads the files as the run writes them. Presentation only: reading and detecting are memfit/interfaces/runs/.
+Registered by main.py::build_parser through `add_watch_command(sub)`."""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+
+from memfit.errors import MemfitError
+from memfit.interfaces.cli.args import parse_size, positive_int
+
+
+def add_watch_command(subparsers) -> None:
+    p = subparsers.add_parser("watch", help="summarize a monitored run (memfit.monitor lines): growth, imbalance "
+                                            "across ranks, fragmentation, with causes and knobs")
+    p.add_argument("runs", nargs="+", metavar="RUN.jsonl", help="monitor files (NAME.jsonl also finds "
+                                                                 "NAME.rank*.jsonl)")
+    p.add_argument("--follow", action="store_true", help="keep reading as the run writes (Ctrl-C stops)")
+    p.add_argument("--until-steps", type=positive_int, help="with --follow: stop once every rank reached this step")
+    p.add_argument("--interval", type=_seconds, default=1.0, help="with --follow: seconds between reads (default 1)")
+    cap = p.add_mutually_exclusive_group()
+    cap.add_argument("--capacity", help="memory per device, in GiB or with a unit (80, 24GiB): when growth reaches it")
+    cap.add_argument("--gpu", help="the GPU by name (see `memfit gpus`): its memory is the capacity")
+    p.add_argument("--json", action="store_true", help="print the memfit.watch/1 JSON document")
+    p.set_defaults(run=run_watch)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 < value < 3600:
+        raise argparse.ArgumentTypeError(f"expected seconds between 0 and 3600, got {text!r}")
+    return value
+
+
+def capacity_of(a: argparse.Namespace) -> int | None:
+    if a.gpu:
+        from memfit.facts.catalog import find_gpu
+
+        return find_gpu(a.gpu).memory_bytes
+    if a.capacity:
+        text = a.capacity.strip()
+        return parse_size(text + "GiB" if re.fullmatch(r"[0-9.]+", text) else text, "--capacity")
+    return None
+
+
+def run_watch(a: argparse.Namespace) -> int:
+    from memfit.interfaces.runs.read import RunReader
+
+    if a.until_steps and not a.follow:
+        raise MemfitError("--until-steps goes with --follow")
+    capacity = capacity_of(a)
+    reader = RunReader(a.runs)
+    reader.poll()
+    if not a.follow:
+        if not reader.ranks:
+            raise MemfitError(f"no memfit.monitor/1 lines in {', '.join(a.runs)}")
+        show(reader, capacity, a.json, indent=2)
+        return 0
+    while True:  # Ctrl-C: main() turns KeyboardInterrupt into exit 130
+        if reader.ranks:
+            show(reader, capacity, a.json, indent=None)
+            if a.until_steps and all(max(steps) >= a.until_steps for steps in reader.ranks.values()):
+                return 0
+        while not reader.poll():
+            time.sleep(a.interval)
+
+
+def show(reader, capacity: int | None, as_json: bool, indent: int | None) -> None:
+    from memfit.interfaces.runs.detect import watch_report
+
+    report = watch_report(reader.by_rank(), capacity)
+    if as_json:  # --follow prints one compact document per update: a JSON line each
+        print(json.dumps(report, indent=indent), flush=True)
+    else:
+        print_report(report)
+
+
+def _gib(n) -> str:
+    return "-" if n is None else f"{n / 2**30:,.3f}"
+
+
+def print_report(report: dict) -> None:
+    from memfit.interfaces.render.common import print_table
+
+    rows = [(r, s["steps"], s["last_step"], s["device_kind"] or "?", _gib(s["peak_bytes"]), _gib(s["allocated_bytes"]),
+             _gib(s["reserved_bytes"]), "-" if s["mean_tokens"] is None else f"{s['mean_tokens']:,.0f}",
+             "-" if s["mean_step_seconds"] is None else f"{s['mean_step_seconds']:.3f}")
+            for r, s in report["ranks"].items()]
+    print_table("monitored run", ("rank", "steps", "last step", "device", "peak GiB", "allocated GiB",
+                                  "reserved GiB", "tokens/step", "s/step"), rows)
+    if not report["findings"]:
+        print("no growth, imbalance or fragmentation found")
+    for f in report["findings"]:
+        print(describe(f))
+        print("  likely causes: " + "; ".join(f["causes"]))
+        print("  knobs: " + "; ".join(f["knobs"]))
+
+
+def describe(f: dict) -> str:
+    if f["kind"] == "growth":
+        when = (f", reaches {_gib(f['capacity_bytes'])} GiB at step {f['reaches_capacity_at_step']}"
+                if f["reaches_capacity_at_step"] is not None else "")
+        t = "exact" if f["t"] is None else f"t={f['t']}"
+        return (f"growth on rank {f['rank']}: {f['bytes_per_step'] / 2**20:,.3f} MiB per step ({f['series']}, "
+                f"R^2={f['r2']}, {t}, {f['steps_fitted']} steps after {f['warmup_steps']} warm-up){when}")
+    if f["kind"] == "imbalance":
+        why = ("follows the ranks' tokens (correlation "
+               f"{f['token_correlation']})" if f["follows_tokens"] else "does not follow the ranks' tokens")
+        return (f"imbalance: rank {f['max_rank']} peaks {f['ratio']}x rank {f['min_rank']}; it {why}"
+                + (f"; growing ranks {f['growing_ranks']}" if f["growing_ranks"] else ""))
+    return (f"fragmentation on rank {f['rank']}: {_gib(f['slack_bytes'])} GiB reserved beyond the "
+            f"{_gib(f['peak_allocated_bytes'])} GiB peak ({f['share']:.0%})")

@@ -1,0 +1,410 @@
+"""A launch: a shell script or one command line, followed to the files and flags that describe the run.
+
+The script is read as the shell would, to the extent a launch needs: `\\` continuations, comments, quotes (shlex),
+`VAR=...` / `export VAR=...` with $VAR / ${VAR} / ${VAR:-default} of variables set earlier (others stay as typed),
+`cd DIR`, redirections, `;` `&&` `|` between commands. Of its commands the training launch is followed:
+`llamafactory-cli train X.yaml [key=value ...]`, `accelerate launch [flags] SCRIPT|-m MODULE ...`,
+`deepspeed [flags] SCRIPT ...`, `torchrun [flags] SCRIPT ...`, `trl sft|dpo ...`, `python SCRIPT|-m MODULE ...`;
+OpenRLHF's `openrlhf.cli.train_*` commands go to the OpenRLHF reader. The launcher's flags give the GPU count and
+(accelerate) engine settings over its config file; the script's `--flags` are read as HF / TRL TrainingArguments
+(launch_script.py). Relative paths resolve from the folder the script runs in: the script's own folder, changed by
+its `cd` lines (a launch given as text: the current folder). The files are merged by launch_merge.py.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from memfit.interfaces.formats.base import ImportedConfig, WrittenFile, bad, read_text
+from memfit.interfaces.formats.launch_merge import merge
+from memfit.interfaces.formats.launch_script import accelerate_part, llamafactory_part, script_parts
+
+FORMAT = "launch"
+MAX_CHARS = 100_000
+_VAR = re.compile(r"\$(?:\{(\w+)(?:(:?[-=])([^}]*))?\}|(\w+))")
+_REDIRECT = re.compile(r"(?<![^\s])\d*(?:>>?|<|&>)(?:&\d+|\s*[^\s;&|<>]+)")
+WRAPPERS = ("nohup", "time", "exec", "env", "stdbuf")
+KEYWORDS = ("then", "do", "else", "elif", "{", "!")
+PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
+# launcher flags that take no value (the rest take one): from accelerate 1.15's launch_command_parser, torch 2.13's
+# torch.distributed.run parser and DeepSpeed 0.19's launcher/runner.py (tests/formats/test_launch.py checks them)
+ACCELERATE_BOOL = frozenset("cpu debug downcast_bf16 dynamo_use_dynamic dynamo_use_fullgraph "
+                            "dynamo_use_regional_compilation enable_cpu_affinity fp8_use_autocast_during_eval module m "
+                            "multi_gpu no_python no_tpu_cluster quiet q same_network tpu tpu_cluster tpu_use_sudo "
+                            "use_deepspeed use_fsdp use_megatron_lm use_parallelism_config h help".split())
+TORCHRUN_BOOL = frozenset("help h module m no_python run_path standalone virtual_local_rank".split())
+DEEPSPEED_BOOL = frozenset("module no_python no_local_rank no_ssh no_ssh_check force_multi save_pid bind_cores_to_rank "
+                           "quiet q".split())
+DEEPSPEED_ALIAS = {"H": "hostfile", "i": "include", "e": "exclude", "num_accelerators": "num_gpus"}
+TORCHRUN_ALIAS = {"r": "redirects", "t": "tee"}
+TORCH_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+FOLLOWS = ("llamafactory-cli train, accelerate launch, deepspeed, torchrun, trl sft|dpo, python SCRIPT|-m MODULE, "
+           "OpenRLHF's openrlhf.cli.train_*")
+
+
+@dataclass
+class Command:
+    line: int
+    argv: list[str]
+    env: dict = field(default_factory=dict)
+    cwd: Path = Path(".")
+
+
+# --- the shell, as far as a launch needs it ----------------------------------------------------------------
+
+def logical_lines(text: str, where: str):
+    """(first line number, text) of each command line: continuations joined, quotes that span lines kept whole."""
+    lines = text.replace("\r\n", "\n").split("\n")
+    i = 0
+    while i < len(lines):
+        start, parts, quote = i + 1, [], None
+        while i < len(lines):
+            line = lines[i]
+            i += 1
+            quote = _open_quote(line, quote)
+            tail = len(line) - len(line.rstrip("\\"))
+            if quote is None and tail % 2:  # a `\` continuation
+                parts.append(line[:-1] + " ")
+                continue
+            parts.append(line + ("\n" if quote else ""))
+            if quote is None:
+                break
+        if quote is not None:
+            raise bad(where, None, f"line {start}: no closing quotation (an unterminated {quote} quote)")
+        yield start, "".join(parts)
+
+
+def _open_quote(line: str, quote: str | None) -> str | None:
+    """The quote still open at the end of `line`, starting inside `quote` (one pass: a script of many lines with an
+    unbalanced quote stays linear)."""
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if quote == "'":
+            quote = None if c == "'" else quote
+        elif c == "\\":
+            i += 1
+        elif quote == '"':
+            quote = None if c == '"' else quote
+        elif c in "'\"":
+            quote = c
+        elif c == "#" and (i == 0 or line[i - 1] in " \t;&|"):
+            break
+        i += 1
+    return quote
+
+
+def substitute(text: str, variables: dict) -> str:
+    """$VAR, ${VAR} and ${VAR:-default} of the variables set so far, outside single quotes; others stay as typed."""
+    if "$" not in text:
+        return text
+    out, i, double = [], 0, False
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            out.append(text[i:i + 2])
+            i += 2
+            continue
+        if c == "'" and not double:
+            end = text.find("'", i + 1)
+            end = len(text) - 1 if end < 0 else end
+            out.append(text[i:end + 1])
+            i = end + 1
+            continue
+        m = _VAR.match(text, i) if c == "$" else None
+        if m:
+            name = m.group(1) or m.group(4)
+            value = variables.get(name, m.group(3) if m.group(2) is not None else None)
+            escape = '"\\$`' if double else "'\"\\"
+            out.append(m.group(0) if value is None else "".join("\\" + x if x in escape else x for x in value))
+            i = m.end()
+            continue
+        double = not double if c == '"' else double
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _words(line: str, where: str, number: int) -> list[str]:
+    lexer = shlex.shlex(_REDIRECT.sub(" ", line), posix=True, punctuation_chars=";&|")
+    lexer.whitespace_split, lexer.commenters = True, "#"
+    try:
+        return list(lexer)
+    except ValueError as e:
+        raise bad(where, None, f"line {number}: {str(e).lower()}") from None
+
+
+def _assignment(word: str) -> tuple[str, str] | None:
+    name, eq, value = word.partition("=")
+    return (name, value) if eq and re.fullmatch(r"[A-Za-z_]\w*", name) else None
+
+
+def commands_of(text: str, where: str, cwd: Path) -> list[Command]:
+    """Every simple command of the script with the variables and folder it runs with."""
+    variables: dict = {}
+    out = []
+    for number, line in logical_lines(text, where):
+        words = _words(substitute(line, variables), where, number)
+        for segment in _segments(words):
+            while segment and segment[0] in KEYWORDS:  # `then X=1`: the body of an if / for, read in order
+                segment.pop(0)
+            env = {}
+            while segment and _assignment(segment[0]):
+                env.update([_assignment(segment.pop(0))])
+            while segment and segment[0] in WRAPPERS:  # nohup / env X=1 / stdbuf -oL: the command after them
+                segment.pop(0)
+                while segment and (_assignment(segment[0]) or segment[0].startswith("-")):
+                    pair = _assignment(segment.pop(0))
+                    env.update([pair] if pair else [])
+            if not segment:
+                variables.update(env)
+            elif segment[0] == "export":
+                variables.update(a for a in map(_assignment, segment[1:]) if a)
+            elif segment[0] == "cd":
+                cwd = _cd(cwd, segment[1:], where)
+            else:
+                out.append(Command(number, segment, {**variables, **env}, cwd))
+    return out
+
+
+def _segments(words: list[str]):
+    segment: list[str] = []
+    for w in words:
+        if w and set(w) <= set(";&|"):
+            yield segment
+            segment = []
+        else:
+            segment.append(w)
+    yield segment
+
+
+def _cd(cwd: Path, args: list[str], where: str) -> Path:
+    if not args or args[0] in ("-", "~") or "dirname" in args[0] or "BASH_SOURCE" in args[0] or "$0" in args[0]:
+        return cwd  # cd "$(dirname "$0")": the script's folder, where paths already resolve from
+    if "$" in args[0]:
+        raise bad(where, None, f"cd {args[0]}: the script does not set that variable, so memfit cannot tell the "
+                  "folder the launch runs in")
+    folder = cwd / Path(args[0]).expanduser()
+    try:
+        return folder.resolve()
+    except (OSError, ValueError):
+        return folder
+
+
+# --- which command is the training launch -------------------------------------------------------------------
+
+def kind_of(argv: list[str]) -> str | None:
+    """The launcher a command is (its argv rewritten to start at the launcher's flags), or None."""
+    head = Path(argv[0]).name
+    if head == "accelerate" and argv[1:2] == ["launch"]:
+        return "accelerate"
+    if head in ("deepspeed", "torchrun"):
+        return head
+    if head in ("llamafactory-cli", "lmf") and argv[1:2] == ["train"]:
+        return "llamafactory"
+    if head == "trl" and argv[1:2] in (["sft"], ["dpo"]):
+        return "trl"
+    if PYTHON.match(head):
+        module = _python_target(argv)[0]
+        if module is None:
+            return None
+        if module in TORCH_MODULES:
+            return "torchrun"
+        return "accelerate" if module == "accelerate.commands.launch" else "python"
+    return None
+
+
+def _python_target(argv: list[str]) -> tuple[str | None, int]:
+    """(module or script, index of its first argument) of a python command; (None, 0) for python -c or a REPL."""
+    i = 1
+    while i < len(argv) and argv[i].startswith("-"):
+        if argv[i] == "-m" and i + 1 < len(argv):
+            return argv[i + 1], i + 2
+        if argv[i] in ("-c", "-"):
+            return None, 0
+        i += 2 if argv[i] in ("-W", "-X") else 1
+    return (argv[i], i + 1) if i < len(argv) else (None, 0)
+
+
+def pick(commands: list[Command], where: str) -> Command:
+    """The training launch: the one launcher command (accelerate / deepspeed / torchrun / llamafactory-cli train /
+    trl), else the one python command; several are an error (one run per estimate)."""
+    kinds = [(c, kind_of(c.argv)) for c in commands]
+    launches = [c for c, k in kinds if k not in (None, "python")] or [c for c, k in kinds if k == "python"]
+    if not launches:
+        raise bad(where, None, f"no training launch found; memfit follows {FOLLOWS}")
+    if len({(c.line, tuple(c.argv)) for c in launches}) > 1:
+        lines = ", ".join(f"line {c.line}: {' '.join(c.argv[:3])}" for c in launches[:4])
+        raise bad(where, None, f"{len(launches)} training launches ({lines}); memfit reads one run: put the one to "
+                  "check in its own file")
+    return launches[0]
+
+
+# --- launcher flags ----------------------------------------------------------------------------------------
+
+def launcher_flags(argv: list[str], bools: frozenset, where: str, alias: dict | None = None) -> tuple[dict, list[str]]:
+    """A launcher's own flags (name with `_` -> value, True for a switch) and the words after them (the script)."""
+    flags: dict = {}
+    i = 0
+    while i < len(argv) and argv[i].startswith("-") and argv[i] != "--":
+        name, eq, inline = argv[i].lstrip("-").partition("=")
+        name = (alias or {}).get(name, name.replace("-", "_"))
+        i += 1
+        if name in bools:
+            flags[name] = True
+        elif eq:
+            flags[name] = inline
+        elif i < len(argv):
+            flags[name] = argv[i]
+            i += 1
+        else:
+            raise bad(where, f"--{name}", "expects a value")
+    return flags, argv[i + (i < len(argv) and argv[i] == "--"):]
+
+
+def _count(where: str, flag: str, value) -> int | None:
+    if value is None:
+        return None
+    if not re.fullmatch(r"\d+", str(value)) or int(value) < 1:
+        raise bad(where, flag, f"expected a positive number of processes, got {value!r}")
+    return int(value)
+
+
+def _include(value: str) -> int:
+    """GPUs of `--include host:0,1@host2:0,1` (a host alone: all its GPUs, unknown here)."""
+    hosts = [h.split(":", 1) for h in value.split("@") if h]
+    return sum(len([g for g in h[1].split(",") if g]) for h in hosts if len(h) == 2)
+
+
+def _world(kind: str, flags: dict, env: dict, where: str) -> tuple[dict, str]:
+    """GPU count and nodes the launcher gives, and what said it."""
+    per_node = nodes = None
+    said = ""
+    if kind == "torchrun":
+        per_node = flags.get("nproc_per_node", "1")
+        per_node = None if per_node in ("gpu", "auto", "cpu", "xpu") else _count(where, "--nproc_per_node", per_node)
+        nodes = flags.get("nnodes")
+        nodes = _count(where, "--nnodes", nodes) if nodes is None or ":" not in str(nodes) else None
+        said = "torchrun --nproc_per_node" + (" (default 1)" if "nproc_per_node" not in flags else "")
+    elif kind == "deepspeed":
+        per_node = _count(where, "--num_gpus", flags.get("num_gpus"))
+        visible = env.get("CUDA_VISIBLE_DEVICES")  # DeepSpeed's runner turns it into --include when no flag says more
+        include = flags.get("include") or (None if {"num_gpus", "num_nodes", "exclude"} & set(flags)
+                                          else visible and f"localhost:{visible}")
+        if per_node is None and include and _include(include):
+            total = _include(include)
+            return {"num_gpus": total, "nodes": include.count("@") + 1}, f"deepspeed --include {include}"
+        nodes = _count(where, "--num_nodes", flags.get("num_nodes"))
+        said = "deepspeed --num_gpus"
+    elif kind == "llamafactory":
+        per_node = _count(where, "NPROC_PER_NODE", env.get("NPROC_PER_NODE"))
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        if per_node is None and visible and re.fullmatch(r"[\d,]+", visible):
+            per_node = len([g for g in visible.split(",") if g])
+        nodes = _count(where, "NNODES", env.get("NNODES"))
+        said = "NPROC_PER_NODE / CUDA_VISIBLE_DEVICES of llamafactory-cli"
+    world = {"num_gpus": per_node * (nodes or 1)} if per_node else {}
+    if nodes:
+        world["nodes"] = nodes
+    return world, said
+
+
+# --- following a launch to its files ------------------------------------------------------------------------
+
+def follow(cmd: Command, text: str, path: Path | None, where: str, gpus: int | None, readers):
+    """The files (ImportedConfig each) the launch uses, the launcher's world, what said it, and notes."""
+    kind = kind_of(cmd.argv)
+    label = f"{where} line {cmd.line}"
+    argv = cmd.argv
+    if PYTHON.match(Path(argv[0]).name) and kind in ("torchrun", "accelerate"):
+        argv = ["torchrun" if kind == "torchrun" else "accelerate"] + (["launch"] if kind == "accelerate" else []) \
+            + argv[_python_target(argv)[1]:]
+    origin = "the script's folder and its `cd` lines" if path else "the current folder: a command given as text"
+    notes = [f"{label}: the launch followed; paths resolve from {cmd.cwd} ({origin})"]
+    if kind == "llamafactory":
+        parts, world_notes = llamafactory_part(argv[2:], cmd.cwd, label, gpus)
+        world, said = _world(kind, {}, cmd.env, label)
+        return parts, world, said, notes + world_notes
+    if kind == "trl":
+        parts, warns = script_parts(f"trl {argv[1]}", argv[2:], cmd.cwd, label, gpus, readers, variant=argv[1])
+        return parts, {}, "", notes + warns
+    if kind == "accelerate":
+        flags, rest = launcher_flags(argv[2:], ACCELERATE_BOOL, label)
+        parts, world_notes = accelerate_part(flags, cmd.cwd, label, gpus)
+        target, args = (rest[0], rest[1:]) if rest else ("", [])
+        module = bool(flags.get("module") or flags.get("m"))
+        more, warns = _target(target, args, text, path, cmd, label, gpus, readers, module=module)
+        return parts + more, {}, "", notes + world_notes + warns
+    if kind in ("deepspeed", "torchrun"):
+        bools, alias = (DEEPSPEED_BOOL, DEEPSPEED_ALIAS) if kind == "deepspeed" else (TORCHRUN_BOOL, TORCHRUN_ALIAS)
+        flags, rest = launcher_flags(argv[1:], bools, label, alias)
+        world, said = _world(kind, flags, cmd.env, label)
+        target, args = (rest[0], rest[1:]) if rest else ("", [])
+        module = bool(flags.get("module") or flags.get("m"))
+        more, warns = _target(target, args, text, path, cmd, label, gpus, readers, module=module)
+        return more, world, said, notes + warns
+    target, start = _python_target(argv)
+    module = argv[start - 2:start - 1] == ["-m"]
+    more, warns = _target(target, argv[start:], text, path, cmd, label, gpus, readers, module=module)
+    return more, {"num_gpus": 1}, "python (one process)", notes + warns
+
+
+def _target(target: str, args: list[str], text, path, cmd, label, gpus, readers, module: bool):
+    if not target:
+        raise bad(label, None, "the launcher names no training script")
+    if target.startswith("openrlhf.cli.") or "openrlhf/cli/train_" in target:
+        from memfit.interfaces.formats import openrlhf
+
+        return [openrlhf.read(path if path else text, gpus=gpus)], []
+    if module and target.startswith("trl.scripts."):
+        variant = target.rsplit(".", 1)[1]
+        return script_parts(target, args, cmd.cwd, label, gpus, readers,
+                            variant=variant if variant in ("sft", "dpo") else None)
+    return script_parts(target, args, cmd.cwd, label, gpus, readers)
+
+
+def read(path_or_text, *, gpus: int | None = None, readers=None) -> ImportedConfig:
+    """`readers`: (read_config, detect_format) for the files the launch names; formats.read_config passes them."""
+    text, path = read_text(path_or_text, "launch script")
+    where = str(path) if path else "launch command"
+    if len(text) > MAX_CHARS:  # shlex is slow on long words; launch scripts are a few KB
+        raise bad(where, None, f"{len(text):,} characters is not a launch script (memfit reads up to {MAX_CHARS:,})")
+    try:
+        cwd = path.resolve().parent if path else Path.cwd()
+    except (OSError, ValueError):
+        cwd = Path.cwd()
+    cmd = pick(commands_of(text, where, cwd), where)
+    parts, world, said, notes = follow(cmd, text, path, where, gpus, readers)
+    if gpus is not None and world:
+        world = {**world, "num_gpus": gpus}
+    assumed = [n.removeprefix(f"{where} ") for n in notes if not n.startswith("!")]  # file_notes names the file
+    warnings = [n[1:] for n in notes if n.startswith("!")]
+    if world and said:
+        count = world["num_gpus"]
+        assumed.append(f"{count} GPU{'s' if count != 1 else ''} from {said}")
+    return merge(parts, path=path or Path(where), text=text, world=world, world_from=said or "the launch", assumed=assumed,
+                 warnings=warnings)
+
+
+def read_many(paths, *, gpus: int | None = None, readers=None) -> ImportedConfig:
+    """Several files of one run (`--from A --from B`), merged."""
+    parts = [readers[0](p, gpus=gpus) for p in paths]
+    return merge(parts, path=Path(" + ".join(p.name for p in parts)), assumed=[
+        f"{len(paths)} files read as one run: stated values beat defaults; training arguments > accelerate > DeepSpeed"])
+
+
+def write_files(imported: ImportedConfig, knobs: dict, folder: Path | None = None) -> list[WrittenFile]:
+    raise not_written(imported)
+
+
+def not_written(imported: ImportedConfig):
+    from memfit.errors import MemfitError
+
+    files = ", ".join(p.name for p in imported.companions.values())
+    return MemfitError(f"{imported.name}: memfit fit does not rewrite a launch or several files yet; run it on one "
+                       f"file the launch uses ({files}); `memfit estimate --from` reads the whole launch")
+
+
+__all__ = ["read", "read_many", "commands_of", "pick", "kind_of"]

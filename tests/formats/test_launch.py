@@ -1,0 +1,349 @@
+"""Launch scripts and several --from files (memfit/interfaces/formats/launch*.py): each example launch reads as the
+files it names read by hand, GPU counts come from the launcher, what is not modelled is named, bad launches are one
+line with exit 2."""
+import argparse
+import json
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memfit.interfaces.cli.args import blank_arguments, scenario_and_file
+from memfit.interfaces.cli.main import main
+from memfit.interfaces.formats import knobs_from_scenario, read_config, read_configs
+
+HERE = Path(__file__).parent
+LAUNCH = HERE / "launch_examples"
+EX = HERE / "examples"
+GPU = ["--gpu", "a100-80gb"]
+
+
+@pytest.fixture
+def launches(tmp_path) -> Path:
+    """The launch examples beside the config examples they name (as in the repository)."""
+    shutil.copytree(EX, tmp_path / "examples")
+    shutil.copytree(LAUNCH, tmp_path / "launch_examples")
+    return tmp_path / "launch_examples"
+
+
+def scenario(files, **typed):
+    files = [str(f) for f in files]
+    a = argparse.Namespace(**{**blank_arguments(), "gpu": "a100-80gb", "from_file": files, **typed})
+    return scenario_and_file(a)
+
+
+def same_run(script, by_hand: list, gpus: int | None, model: str | None = None):
+    """estimate --from SCRIPT and estimate --from FILES --gpus N (the files as a user would write them): the same
+    Scenario knobs, model and GPU count."""
+    s, imported, notes = scenario([script])
+    h, _, _ = scenario(by_hand, model=model, **({"gpus_per_node": gpus} if gpus else {}))
+    assert knobs_from_scenario(s) == knobs_from_scenario(h)
+    assert s.model.id == h.model.id
+    assert s.hardware.world_size == (gpus or 1)
+    return imported, notes
+
+
+def write(folder: Path, name: str, doc) -> Path:
+    path = folder / name
+    path.write_text(json.dumps(doc) if name.endswith(".json") else yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+# --- every example launch is the files it names --------------------------------------------------------------
+
+def test_llamafactory_ds3_launch_is_its_yaml(launches):
+    yaml_path = launches.parent / "examples/llamafactory/examples/train_lora/llama3_lora_sft_ds3.yaml"
+    imported, notes = same_run(launches / "llamafactory_lora_sft_ds3.sh", [yaml_path], 4)
+    assert "4 GPUs from NPROC_PER_NODE" in " ".join(notes)
+    assert imported.knobs == read_config(yaml_path, gpus=4).knobs
+
+
+def test_llamafactory_overrides_are_merged_over_the_yaml(launches, tmp_path):
+    src = launches.parent / "examples/llamafactory/examples/train_lora/llama3_lora_sft.yaml"
+    doc = {**yaml.safe_load(src.read_text()), "per_device_train_batch_size": 2, "cutoff_len": 4096,
+           "learning_rate": 5e-5}
+    imported, notes = same_run(launches / "llamafactory_overrides.sh", [write(tmp_path, "by_hand.yaml", doc)], 2)
+    assert (imported.knobs["micro_batch"], imported.knobs["seq_len"]) == (2, 4096)
+    assert any("cutoff_len=4096 over llama3_lora_sft.yaml" in n for n in notes)
+
+
+def test_trl_accelerate_zero3_launch(launches, tmp_path):
+    flags = {"model_name_or_path": "Qwen/Qwen2-0.5B", "dataset_name": "trl-lib/Capybara", "learning_rate": 2e-5,
+             "num_train_epochs": 1, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 8,
+             "gradient_checkpointing": True, "max_length": 2048, "eos_token": "<|im_end|>", "eval_strategy": "steps",
+             "eval_steps": 100, "output_dir": "Qwen2-0.5B-SFT", "push_to_hub": True}
+    acc = launches / "trl/examples/accelerate_configs/deepspeed_zero3.yaml"
+    imported, _ = same_run(launches / "trl/sft_zero3.sh", [write(tmp_path, "sft.yaml", flags), acc], 8)
+    assert imported.knobs["zero_stage"] == 3 and imported.knobs["micro_batch"] == 2
+
+
+def test_trl_dpo_module_launch(launches, tmp_path):
+    flags = {"dataset_name": "trl-lib/ultrafeedback_binarized", "model_name_or_path": "Qwen/Qwen2-0.5B-Instruct",
+             "learning_rate": 5e-6, "num_train_epochs": 1, "per_device_train_batch_size": 2,
+             "gradient_accumulation_steps": 8, "gradient_checkpointing": True, "max_length": 1024, "use_peft": True,
+             "lora_r": 32, "lora_alpha": 16, "output_dir": "Qwen2-0.5B-DPO", "remove_unused_columns": False}
+    imported, _ = same_run(launches / "trl/dpo_module.sh", [write(tmp_path, "dpo_config.yaml", flags)], None)
+    assert imported.knobs["method"] == "dpo" and imported.knobs["lora_rank"] == 32
+
+
+def test_trl_cli_config_with_flags_over_it(launches, tmp_path):
+    doc = {**yaml.safe_load((launches / "trl/examples/cli_configs/example_config.yaml").read_text()),
+           "per_device_train_batch_size": 8, "bf16": True}
+    imported, _ = same_run(launches / "trl/sft_cli.txt", [write(tmp_path, "sft.yaml", doc)], None)
+    assert imported.knobs["micro_batch"] == 8
+
+
+def test_alignment_handbook_recipe_with_accelerate_flags(launches, tmp_path):
+    folder = launches / "alignment_handbook/recipes"
+    recipe = {**yaml.safe_load((folder / "zephyr-7b-beta/sft/config_full.yaml").read_text()),
+              "per_device_train_batch_size": 4, "gradient_accumulation_steps": 8}
+    acc = {**yaml.safe_load((folder / "accelerate_configs/zero3.yaml").read_text()), "num_processes": 4}
+    imported, notes = same_run(launches / "alignment_handbook/launch_sft.sh",
+                               [write(tmp_path, "recipe.yaml", recipe), write(tmp_path, "acc.yaml", acc)], 4)
+    assert imported.knobs["seq_len"] == 2048 and imported.knobs["zero_stage"] == 3
+    assert any("--num_processes" in n for n in notes)
+
+
+def test_deepspeed_chat_script_flags_are_named(launches, tmp_path):
+    args = {"per_device_train_batch_size": 4, "per_device_eval_batch_size": 4, "learning_rate": 9.65e-6,
+            "weight_decay": 0.0, "num_train_epochs": 4, "gradient_accumulation_steps": 1,
+            "lr_scheduler_type": "cosine", "seed": 1234, "gradient_checkpointing": True, "output_dir": "out"}
+    imported, notes = scenario([launches / "deepspeed_examples/run_llama2_7b.sh"])[1:]
+    by_hand = read_config(write(tmp_path, "args.json", args), gpus=8)
+    assert {k: imported.knobs[k] for k in by_hand.knobs} == by_hand.knobs
+    assert imported.model_name == "meta-llama/Llama-2-7b-hf" and imported.world["num_gpus"] == 8
+    text = " ".join(notes)
+    assert "--zero_stage 3" in text and "--max_seq_len 512" in text  # memory settings it does not model
+    assert "--data_path" in text and "--num_warmup_steps" in text  # the other flags: listed as ignored
+
+
+@pytest.mark.parametrize("script, gpus", [("hf/torchrun_run_clm.sh", 4), ("hf/deepspeed_num_gpus.sh", 2)])
+def test_hf_program_with_deepspeed_json(launches, tmp_path, script, gpus):
+    words = shlex.split((launches / script).read_text().split("\n", 3)[-1].replace("\\\n", " "), comments=True)
+    start = next(i for i, w in enumerate(words) if w.endswith(".py")) + 1
+    flags = {}
+    for w in words[start:]:
+        if w.startswith("--"):
+            key = w[2:]
+            flags[key] = True
+        else:
+            flags[key] = {"true": True}.get(w, int(w) if w.isdigit() else w)
+    known = {k: v for k, v in flags.items() if k not in ("model_name_or_path", "dataset_name", "dataset_config_name",
+                                                         "block_size")}
+    known["deepspeed"] = str(launches.parent / "examples/hf" / known["deepspeed"])
+    imported, notes = same_run(launches / script, [write(tmp_path, "args.json", known)], gpus,
+                               model=flags["model_name_or_path"])
+    assert imported.knobs["zero_stage"] == 2
+    if "block_size" in flags:
+        assert any("--block_size 1024" in n and "memory setting" in n for n in notes)
+
+
+def test_every_example_runs_through_the_cli(launches, capsys):
+    for script in sorted(p for p in launches.rglob("*") if p.suffix in (".sh", ".txt")):
+        assert main(["estimate", "--from", str(script), *GPU, "--json"]) == 0, capsys.readouterr().err
+        assert json.loads(capsys.readouterr().out)
+
+
+# --- several --from files ------------------------------------------------------------------------------------
+
+def test_several_files_merge_and_a_disagreement_names_both(tmp_path, capsys):
+    shutil.copytree(EX, tmp_path / "ex")
+    acc = tmp_path / "ex/accelerate/deepspeed_zero3.yaml"
+    args = tmp_path / "ex/hf/training_args.json"  # names ds_config_zero2.json: ZeRO-2
+    code = main(["estimate", "llama3-8b", "--from", str(args), "--from", str(acc), *GPU])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "zero_stage" in err and "deepspeed_zero3.yaml says 3" in err
+    assert "ds_config_zero2.json (named by training_args.json) says 2" in err
+    recipe = tmp_path / "ex/hf/sft_config.yaml"
+    merged = read_configs([recipe, acc], gpus=8)
+    assert merged.knobs["zero_stage"] == 3 and merged.knobs["micro_batch"] == 2 and merged.world["num_gpus"] == 8
+    assert main(["estimate", "--from", str(recipe), "--from", str(acc), *GPU, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert any("8 GPUs as the file says" in str(a) for a in doc["assumptions"]), doc["assumptions"]
+
+
+def test_a_stated_value_beats_another_files_default(tmp_path):
+    ds = write(tmp_path, "ds.json", {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+                                     "zero_optimization": {"stage": 2}, "bf16": {"enabled": True}})
+    args = write(tmp_path, "args.json", {"output_dir": "o", "bf16": True})  # batch left to TrainingArguments' 8
+    merged = read_configs([args, ds])
+    assert (merged.knobs["micro_batch"], merged.knobs["grad_accum"]) == (4, 2)
+    assert merged.knobs["precision"] == "bf16-mixed"  # bf16 under DeepSpeed: fp32 master weights
+    assert any("micro_batch=4 from ds.json" in n for n in merged.assumed)
+    same_file = read_configs([args, args])
+    assert same_file.knobs == read_config(args).knobs
+
+
+def test_accelerate_mixed_precision_yields_to_the_training_arguments(tmp_path):
+    acc = {**yaml.safe_load((EX / "accelerate/multi_gpu.yaml").read_text()), "mixed_precision": "fp16"}
+    merged = read_configs([write(tmp_path, "acc.yaml", acc), EX / "hf/sft_config.yaml"])
+    assert merged.knobs["precision"] == read_config(EX / "hf/sft_config.yaml").knobs["precision"]
+    assert any("ACCELERATE_MIXED_PRECISION" in w for w in merged.warnings)
+
+
+# --- GPU counts -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("line, gpus, nodes", [
+    ("deepspeed --include localhost:0,1,2 train.py --per_device_train_batch_size 2", 3, 1),
+    ("deepspeed --include 'h1:0,1@h2:0,1' train.py --per_device_train_batch_size 2", 4, 2),
+    ("CUDA_VISIBLE_DEVICES=0,1 deepspeed train.py --per_device_train_batch_size 2", 2, 1),
+    ("torchrun --nproc-per-node 4 --nnodes=2 train.py --per_device_train_batch_size 2", 8, 2),
+    ("python -m torch.distributed.run --nproc_per_node=2 train.py --per_device_train_batch_size 2", 2, 1),
+    ("accelerate launch --num_processes 6 --multi_gpu train.py --per_device_train_batch_size 2", 6, 1),
+])
+def test_gpu_count_from_the_launcher(tmp_path, line, gpus, nodes):
+    script = tmp_path / "run.sh"
+    script.write_text(f"{line} --model_name_or_path Qwen/Qwen2.5-0.5B\n")
+    s, imported, _ = scenario([script])
+    assert (s.hardware.gpus_per_node * s.hardware.nodes, s.hardware.nodes) == (gpus, nodes)
+    assert s.micro_batch == 2
+
+
+def test_typed_gpus_win_and_the_difference_is_noted(launches):
+    s, _, notes = scenario([launches / "hf/torchrun_run_clm.sh"], gpus_per_node=2)
+    assert s.hardware.world_size == 2
+    assert any("the file says 4 GPUs, the command line 2" in n for n in notes)
+
+
+# --- the shell ---------------------------------------------------------------------------------------------------
+
+def test_variables_cd_comments_and_several_commands(tmp_path):
+    (tmp_path / "cfg").mkdir()
+    write(tmp_path / "cfg", "sft.yaml", {"model_name_or_path": "Qwen/Qwen2.5-0.5B", "max_length": 512})
+    script = tmp_path / "run.sh"
+    script.write_text('#!/bin/bash\nset -euxo pipefail\nexport BS=3\nSEQ=${SEQ:-1024}  # default\ncd cfg\n'
+                      'echo "start $(date)" > log.txt\n'
+                      'pip install -q trl && trl sft --config sft.yaml --per_device_train_batch_size $BS \\\n'
+                      '  --max_length "${SEQ}" --output_dir \'$HOME/out\' 2>&1 | tee train.log\n'
+                      'python merge.py\n')
+    imported = read_config(script)
+    assert (imported.knobs["micro_batch"], imported.knobs["seq_len"]) == (3, 1024)
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("#!/bin/bash\necho nothing to train here\nls -l\n", "no training launch"),
+    ("accelerate launch --config_file nope.yaml train.py --bf16\n", "nope.yaml: no such file"),
+    ("torchrun --nproc_per_node 2 train.py --deepspeed missing_ds.json --bf16\n", "missing_ds.json: no such file"),
+    ("llamafactory-cli train missing.yaml\n", "missing.yaml: no such file"),
+    ("python train.py --output_dir 'unterminated --bf16\n", "unterminated ' quote"),
+    ("llamafactory-cli train a.yaml\nllamafactory-cli train b.yaml\n", "2 training launches"),
+    ("torchrun --nproc_per_node many train.py --bf16\n", "--nproc_per_node"),
+    ("deepspeed --num_gpus\n", "--num_gpus: expects a value"),
+    ("torchrun --nproc_per_node 2 train.py --per_device_train_batch_size $BS\n", "$BS"),
+    ("python train.py --per_device_train_batch_size " + "9" * 5000 + "\n", "expected an integer"),
+    ("python train.py --output_dir " + "x" * 100_001 + "\n", "not a launch script"),
+])
+def test_a_bad_launch_is_one_line_with_exit_2(tmp_path, capsys, text, needle):
+    script = tmp_path / "run.sh"
+    script.write_text(text)
+    code = main(["estimate", "qwen2-7b", "--from", str(script), *GPU])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("memfit: error:") and needle.lower() in err.lower(), err
+
+
+def test_openrlhf_commands_keep_their_reader(tmp_path, capsys):
+    sft = EX / "openrlhf/train_sft_v0.11.sh"
+    assert read_config(sft).format == "openrlhf"
+    ppo = tmp_path / "ppo.sh"
+    ppo.write_text("ray job submit -- python3 -m openrlhf.cli.train_ppo_ray --pretrain Qwen/Qwen2.5-7B "
+                   "--micro_train_batch_size 2\n")
+    assert main(["estimate", "--from", str(ppo), *GPU]) == 2
+    assert "train_ppo_ray is not modelled" in capsys.readouterr().err
+
+
+def test_fit_on_a_launch_says_it_is_not_written(launches, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("MEMFIT_PLAN_DEADLINE", "300")
+    code = main(["fit", str(launches / "llamafactory_lora_sft_ds3.sh"), "--gpu-mem", "8GiB", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "memfit fit does not rewrite a launch" in err and "llama3_lora_sft_ds3.yaml" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_launcher_flag_tables_match_the_launchers():
+    from accelerate.commands.launch import launch_command_parser
+    from torch.distributed.run import get_args_parser
+
+    from memfit.interfaces.formats.launch import ACCELERATE_BOOL, DEEPSPEED_BOOL, TORCHRUN_BOOL
+
+    def switches(parser):
+        return {s.lstrip("-").replace("-", "_") for a in parser._actions if a.option_strings and a.nargs == 0
+                for s in a.option_strings}
+
+    assert switches(launch_command_parser()) == ACCELERATE_BOOL
+    assert switches(get_args_parser()) == TORCHRUN_BOOL
+    import inspect
+
+    import deepspeed.launcher.runner as runner
+
+    source = inspect.getsource(runner.parse_args)
+    found = {name for name in DEEPSPEED_BOOL if f'"--{name}"' in source or f'"-{name}"' in source}
+    assert found == DEEPSPEED_BOOL
+    assert source.count('action="store_true"') == len({"module", "no_python", "no_local_rank", "no_ssh", "no_ssh_check",
+                                                       "force_multi", "save_pid", "bind_cores_to_rank", "quiet"})
+
+
+# --- property: the order and quoting of flags do not matter -------------------------------------------------------
+
+FLAGS = [("per_device_train_batch_size", "3"), ("gradient_accumulation_steps", "4"), ("gradient_checkpointing", None),
+         ("bf16", None), ("max_length", "777"), ("use_peft", None), ("lora_r", "16"), ("learning_rate", "1e-5"),
+         ("output_dir", "out dir/with space"), ("model_name_or_path", "Qwen/Qwen2.5-0.5B"), ("my_custom_flag", "x")]
+
+
+def _spell(draw, key, value) -> list[str]:
+    if value is None:
+        return [draw(st.sampled_from([f"--{key}", shlex.quote(f"--{key}"), f"'--{key}'"]))]
+    style = draw(st.integers(0, 3))
+    if style == 0:
+        return [f"--{key}={shlex.quote(value)}"]
+    if style == 1:
+        return [f"--{key}", shlex.quote(value)]
+    if style == 2:
+        return [f'"--{key}"', '"' + value.replace('"', '\\"') + '"']
+    return [f"--{key}", "'" + value + "'"]
+
+
+@st.composite
+def launch_lines(draw):
+    order = draw(st.permutations(FLAGS))
+    words = [w for key, value in order for w in _spell(draw, key, value)]
+    seps = [draw(st.sampled_from([" ", "  ", " \\\n  ", "\t"])) for _ in words]
+    head = draw(st.sampled_from(["trl sft", "python train_sft.py", "accelerate launch --num_processes 2 train_sft.py",
+                                 "torchrun --nproc_per_node 2 sft.py"]))
+    return head + "".join(s + w for s, w in zip(seps, words)) + "\n", head
+
+
+@settings(max_examples=60, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(case=launch_lines())
+def test_flag_order_and_quoting_do_not_change_the_run(case, tmp_path_factory):
+    text, head = case
+    folder = tmp_path_factory.mktemp("order")
+    script = folder / "run.sh"
+    script.write_text(text)
+    canonical = folder / "canonical.sh"
+    canonical.write_text(head + " " + " ".join(f"--{k}" + (f" {shlex.quote(v)}" if v else "") for k, v in FLAGS) + "\n")
+    got, want = read_config(script), read_config(canonical)
+    assert got.knobs == want.knobs and got.world == want.world and got.model_name == want.model_name
+    assert got.knobs["micro_batch"] == 3 and got.knobs["lora_rank"] == 16 and got.knobs["seq_len"] == 777
+    assert any("--my_custom_flag" in w for w in got.warnings)
+
+
+def test_a_command_line_given_as_text_resolves_from_here(monkeypatch):
+    monkeypatch.chdir(EX / "hf")
+    imported = read_config("deepspeed --include localhost:0,1,2 train.py --deepspeed ds_config_zero2.json "
+                           "--per_device_train_batch_size 2 --bf16")
+    assert imported.world["num_gpus"] == 3 and imported.knobs["zero_stage"] == 2 and imported.knobs["micro_batch"] == 2
+
+
+def test_deepspeed_config_flag_names_a_deepspeed_json(tmp_path):
+    shutil.copy(EX / "deepspeed/ds_config_explicit.json", tmp_path / "ds.json")
+    (tmp_path / "run.sh").write_text("deepspeed --num_gpus 4 train.py --deepspeed --deepspeed_config ds.json\n")
+    imported = read_config(tmp_path / "run.sh")
+    assert imported.knobs == read_config(tmp_path / "ds.json", gpus=4).knobs
+    assert imported.world["num_gpus"] == 4

@@ -1,0 +1,49 @@
+"""The HF Trainer callback on a tiny Llama built from a config, and the Lightning callback's logic."""
+import json
+import sys
+import types
+
+import torch
+
+from memfit.monitor import lightning_callback
+
+SEQ, BATCH = 16, 2
+
+
+def test_hf_trainer_callback_writes_one_line_per_step_with_tokens(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    from memfit.monitor import MemoryMonitorCallback
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+    rows = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 128, (3 * BATCH, SEQ))]
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=BATCH, max_steps=3,
+                             use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no",
+                             dataloader_num_workers=0)
+    cb = MemoryMonitorCallback(tmp_path / "run.jsonl")
+    Trainer(model=LlamaForCausalLM(config), args=args, train_dataset=rows, callbacks=[cb]).train()
+    lines = [json.loads(x) for x in (tmp_path / "run.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2, 3]
+    assert all(x["tokens"] == BATCH * SEQ and x["allocated_bytes"] > 0 for x in lines)
+    assert cb.monitor.errors == 0
+
+
+def test_lightning_callback_steps_once_per_optimizer_step(tmp_path, monkeypatch):
+    # Lightning is not installed here: a stand-in module with its Callback base, driven the way its loop does
+    base = type("Callback", (), {})
+    pkg, sub = types.ModuleType("lightning"), types.ModuleType("lightning.pytorch")
+    sub.Callback, pkg.pytorch = base, sub
+    monkeypatch.setitem(sys.modules, "lightning", pkg)
+    monkeypatch.setitem(sys.modules, "lightning.pytorch", sub)
+    cb = lightning_callback(tmp_path / "run.jsonl")
+    assert isinstance(cb, base)
+    trainer = types.SimpleNamespace(global_rank=0, global_step=0)
+    cb.on_train_start(trainer, None)
+    for i in range(4):  # gradient accumulation 2: the optimizer steps after every second batch
+        trainer.global_step = (i + 1) // 2
+        cb.on_train_batch_end(trainer, None, None, {"input_ids": torch.zeros(2, 5 + i, dtype=torch.long)}, i)
+    cb.on_train_end(trainer, None)
+    lines = [json.loads(x) for x in (tmp_path / "run.jsonl").read_text().splitlines()]
+    assert [(x["step"], x["tokens"]) for x in lines] == [(1, 10 + 12), (2, 14 + 16)]
