@@ -55,6 +55,7 @@ from memfit.facts.scenario import Scenario  # noqa: E402
 from memfit.roles.estimate import estimate  # noqa: E402
 from memfit.roles.result import Estimate  # noqa: E402
 from memfit.facts.versions import installed  # noqa: E402
+from memfit.interfaces.render.common import show  # noqa: E402
 
 ROWS_PATH = ROOT / "bench" / "accuracy_rows.json"
 # The categories the trace models; the estimate's other ones (runtime_overhead, engine_buffers) are
@@ -265,7 +266,7 @@ def print_table(comparisons: list[Comparison], console=None, title: str = "memfi
         table.add_row(c.row.id + (" [dim](stale)[/]" if c.stale else ""), _gib(c.est_total), _gib(c.trace_total),
                       f"[{style}]{err:+.1f}[/]", _gib(c.est_act), _gib(c.trace_act), _err(c.act_error), phase,
                       _worst_delta(c))
-    console.print(table)
+    show(console, table)
 
 
 def write_rows(comparisons: list[Comparison], path: Path = ROWS_PATH) -> None:

@@ -48,6 +48,7 @@ from memfit.roles.estimate import estimate  # noqa: E402
 from memfit.facts.profiles import build_scenario  # noqa: E402
 from memfit.facts.scenario import Hardware  # noqa: E402
 from memfit.facts.versions import installed  # noqa: E402
+from memfit.interfaces.render.common import show  # noqa: E402
 
 DEFAULT_CASES = HERE.parent.parent / "shared" / "cases" / "user-reports.jsonl"
 TOP = 3
@@ -309,7 +310,7 @@ def print_results(results: list[dict], stress: list[tuple[str, float, int]]) -> 
             t.add_row(r["id"], f"{r['seconds']:.3f}", str(len(r["top"])))
     for name, seconds, n in stress:
         t.add_row(name, f"{seconds:.3f}", str(n))
-    con.print(t)
+    show(con, t)
     t = Table(title="OOM user reports: memfit's plan vs the reported fix", show_lines=True)
     for col in ("report", "start", "plan top 3 (tokens/s: changes)", "reported fix: memfit verdict, tokens/s, row",
                 "fix in top 3", "memfit fit -> parser"):
@@ -326,7 +327,7 @@ def print_results(results: list[dict], stress: list[tuple[str, float, int]]) -> 
         fit = r["fit_file"] if len(r["fit_file"]) < 90 else r["fit_file"][:88] + "…"  # whole in --summary-json
         t.add_row(r["id"], f"{r['start']}\n({r['phases']})", top, fixes, f"{r['reported_fix_in_top3']} ({r['how']})",
                   fit)
-    con.print(t)
+    show(con, t)
     for r in results:
         if r.get("why"):
             con.print(f"[bold]{r['id']}[/]: reported fix not found: {r['why']}")

@@ -26,6 +26,7 @@ from memfit.facts.knobs import knob  # noqa: E402
 from memfit.facts.methods import several_models  # noqa: E402
 from memfit.facts.scenario import Hardware  # noqa: E402
 from memfit.facts.versions import installed  # noqa: E402
+from memfit.interfaces.render.common import show  # noqa: E402
 
 NUMERIC_BASES = ("allocated", "active", "reserved", "device_total", "unknown")
 # Which estimate profile answers each basis; "active" is torch's peak active bytes, about allocated;
@@ -445,7 +446,7 @@ def print_rows(rows: list[Row]) -> None:
                       f"{r.measured / 2**30:.2f}" if r.measured else "", f"{r.predicted / 2**30:.2f}" if r.predicted else "",
                       f"{err:+.1f}" if err is not None else "", r.peak_phase, c.get("outcome") or "",
                       (r.predicted_label or "") + ("" if r.label_ok in (None, True) else " (wrong)"))
-    Console(width=160).print(table)
+    show(Console(), table)
 
 
 def read_cases(path: Path) -> list:

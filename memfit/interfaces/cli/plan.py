@@ -10,6 +10,7 @@ import json
 
 from memfit.errors import MemfitError
 from memfit.interfaces.cli.args import add_scenario_arguments, positive_int, scenario_from_args
+from memfit.interfaces.render.common import show, working
 
 GiB = 2**30
 VERDICT_STYLE = {"fits": "bold green", "tight": "bold yellow", "oom": "bold red", "host_oom": "bold red"}
@@ -51,9 +52,10 @@ def run_plan(a: argparse.Namespace) -> int:
     base = scenario_from_args(a)
     allow = {x.strip() for x in a.allow.split(",") if x.strip()}
     options = Options(code_edits=not a.no_code_edits, resume=not a.no_resume)
-    rows = plan(base, allow, a.global_batch, top_k=a.top, options=options)
-    start = baseline(base, a.global_batch, options)
-    miss = None if rows else closest_miss(base, allow, a.global_batch, options)
+    with working(f"searching configurations of {base.model.id} on {base.world_size} x {base.hardware.gpu.name}"):
+        rows = plan(base, allow, a.global_batch, top_k=a.top, options=options)
+        start = baseline(base, a.global_batch, options)
+        miss = None if rows else closest_miss(base, allow, a.global_batch, options)
     if a.html:  # the plan document, and the estimate document of its start for the bars (render/html.py)
         from memfit.interfaces.render.html import plan_page, write_page
         from memfit.roles.estimate import estimate
@@ -79,7 +81,8 @@ def run_limits(a: argparse.Namespace) -> int:
     gpu_given = bool(a.gpu or a.gpu_mem)
     s = scenario_from_args(a if gpu_given else _on_stand_in_gpu(a))
     resume = not a.no_resume
-    rows = [limit(s, knob, resume=resume)] if gpu_given else limits_per_gpu(s, knob, gpus(), resume)
+    with working(f"searching the largest {knob.replace('_', ' ')} that fits"):
+        rows = [limit(s, knob, resume=resume)] if gpu_given else limits_per_gpu(s, knob, gpus(), resume)
     if a.json:
         print(json.dumps(limits_json(s, knob, rows, gpu_given, resume), indent=2))
     else:
@@ -199,21 +202,35 @@ def print_plan(start, rows, miss, allow: set[str], options=None) -> None:
         return
     _print_table(con, start, rows)
     for i, r in enumerate(rows, 1):
-        if r.changes:
-            con.print(f"[bold]{i}.[/]")
+        lines = []
         for c in r.changes:
             why = ("[bold]needed to fit[/]" if c.needed_to_fit else
                    "[dim]for speed[/]" if c.speed_cost_pct <= 0 else "[dim]for headroom[/]")
             how = "" if c.measured == "alone" else " [dim](saving measured in the plan)[/]"
-            con.print(f"   {describe(c, r)}: saves {_saving(c, host_known)}, speed {-c.speed_cost_pct:+.1f}% "
-                      f"{why}{how}" + _edit_words(c))
+            lines.append(f"{describe(c, r)}: saves {_saving(c, host_known)}, speed {-c.speed_cost_pct:+.1f}% "
+                         f"{why}{how}" + _edit_words(c))
+        _numbered(con, i, lines)
     con.print("[dim]saves: the change applied alone to the start (or, where it cannot stand alone, removed from the "
               "plan); speed: the plan with vs without it. tokens/s come from memfit's step-time model "
               "(data/speed.toml): they rank, they do not promise[/]")
 
 
+def _numbered(con, number: int, lines: list[str]) -> None:
+    """A plan's changes under its number, each wrapped under its own first word (a hanging indent), not under
+    the number: the list reads at 80 columns."""
+    from rich.table import Table
+
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True, justify="right", min_width=3)
+    grid.add_column(overflow="fold")
+    for k, line in enumerate(lines):
+        grid.add_row(f"[bold]{number}.[/]" if k == 0 else "", line)
+    if lines:
+        con.print(grid)
+
+
 def _edit_words(change) -> str:
-    return f"\n      [bold magenta]needs a code edit[/] (no flag): {change.code_edit}" if change.code_edit else ""
+    return f"\n[bold magenta]needs a code edit[/] (no flag): {change.code_edit}" if change.code_edit else ""
 
 
 def _print_header(con, start, options) -> None:
@@ -249,4 +266,4 @@ def _print_table(con, start, rows) -> None:
         table.add_row(str(i), f"[{VERDICT_STYLE[r.verdict]}]{r.verdict}[/]", _gib(r.device_peak_bytes),
                       _gib(r.headroom_bytes), _gib(r.host_peak_bytes), f"{r.tokens_per_second:,.0f}",
                       gain, changes)
-    con.print(table)
+    show(con, table)

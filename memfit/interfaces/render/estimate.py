@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from memfit.breakdown import CATEGORIES, PHASES
-from memfit.interfaces.render.common import VERDICT_STYLE, console, gib
+from memfit.interfaces.render.common import VERDICT_STYLE, console, gib, show
 from memfit.interfaces.render.roles import print_roles
 
 
@@ -42,7 +42,7 @@ def print_estimate(e) -> None:
     for c in CATEGORIES:
         table.add_row(c.replace("_", " "), *(gib(b.get(c)) for b in profiles))
     table.add_row("[bold]total[/]", *(f"[bold]{gib(b.total)}[/]" for b in profiles))
-    con.print(table)
+    show(con, table)
     phases = Table(title="peak by phase, GiB")
     phases.add_column("phase")
     for name in ("allocated", "device total", "host (node)"):
@@ -51,7 +51,7 @@ def print_estimate(e) -> None:
         mark = " <- peak" if p == peak else ""
         phases.add_row(p + mark, gib(e.allocated.phases[p].total), gib(e.device_total.phases[p].total),
                        gib(e.host.phases[p].total))
-    con.print(phases)
+    show(con, phases)
     host = e.host.peak
     parts = ", ".join(f"{c.replace('_', ' ')} {gib(host.get(c))}" for c in CATEGORIES if host.get(c))
     con.print(f"host RAM per node peaks at {gib(host.total)} GiB in {e.host.peak_phase}: {parts}")
@@ -80,4 +80,4 @@ def print_comparison(estimated, other, other_name: str) -> None:
         x, y = (a.total, b.total) if c == "total" else (a.get(c), b.get(c))
         err = f"{100 * (x - y) / y:+.1f}%" if y else ""
         table.add_row(c.replace("_", " "), gib(x), gib(y), err)
-    console().print(table)
+    show(console(), table)

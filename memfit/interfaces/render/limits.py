@@ -5,7 +5,7 @@ Presentation only: the search is memfit/planner/limits.py.
 from __future__ import annotations
 
 from memfit.facts.methods import method_facts
-from memfit.interfaces.render.common import VERDICT_STYLE, console, gib
+from memfit.interfaces.render.common import VERDICT_STYLE, console, gib, show
 from memfit.planner.knobs import config_of
 
 SCHEMA = "memfit.limits/1"
@@ -53,7 +53,7 @@ def print_limits(s, knob: str, rows, gpu_given: bool) -> None:
               + "[/]")
     searched = [r for r in rows if r.at.verdict != "refused"]
     if searched:
-        con.print(_table(knob, searched, hw.host_ram is not None))
+        show(con, _table(knob, searched, hw.host_ram is not None))
     for message, ids in _refusals(rows).items():
         con.print(f"[bold]refused[/] on {', '.join(ids)}: {message}")
     for line in _notes(s, knob, searched):

@@ -3,7 +3,7 @@ Reads results; computes nothing."""
 from __future__ import annotations
 
 from memfit.breakdown import CATEGORIES
-from memfit.interfaces.render.common import VERDICT_STYLE, console, gib
+from memfit.interfaces.render.common import VERDICT_STYLE, console, gib, show
 from memfit.memory.phases import verdict_of
 
 SHORT = {"weights": "weights", "gradients": "grads", "optimizer_states": "optim", "activations": "activ",
@@ -21,7 +21,7 @@ def print_roles(e) -> None:
     for r in e.roles:
         roles.add_row(r.role, r.model, r.process, r.group, "yes" if r.trains else "no", r.engine,
                       f"{r.rows} x {r.seq_len}" if r.rows else "", gib(r.active.total), gib(r.host_per_node))
-    con.print(roles)
+    show(con, roles)
     for g in e.groups:
         _print_group(con, g, worst=g.name == e.worst_group, band=e.band_fraction)
     if e.drivers:
@@ -47,7 +47,7 @@ def _print_group(con, g, worst: bool, band: float) -> None:
         t.add_row(role, *(gib(b.get(c)) for c in CATEGORIES), gib(b.total))
     t.add_row("[bold]sum[/]", *(gib(sum(b.get(c) for b in roles.values())) for c in CATEGORIES),
               f"[bold]{gib(g.peak)}[/]")
-    con.print(t)
+    show(con, t)
     m = Table(title=f"GPU group '{g.name}': per-GPU device total by moment, GiB")
     m.add_column("moment")
     for role in g.roles:
@@ -57,6 +57,6 @@ def _print_group(con, g, worst: bool, band: float) -> None:
         peak = " <- peak" if moment == g.peak_moment else ""
         m.add_row(moment + peak, *(gib(by_role[r].total) if r in by_role else "" for r in g.roles),
                   gib(sum(b.total for b in by_role.values())))
-    con.print(m)
+    show(con, m)
     con.print(f"group '{g.name}': peak {gib(g.peak)} of {gib(g.capacity)} GiB, margin {gib(g.margin_bytes)} GiB"
               + mark)
