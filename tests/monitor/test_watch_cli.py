@@ -3,6 +3,7 @@ detectors on figures a CPU run cannot produce (CUDA's reserved memory)."""
 import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -56,7 +57,8 @@ def test_a_partial_last_line_is_skipped_and_the_json_document(tmp_path, watch_js
     steps = "".join(line(s, allocated_bytes=10 * GiB + s * 2**20, peak_allocated_bytes=11 * GiB + s * 2**20)
                     for s in range(1, 41))
     doc = watch_json(write(tmp_path / "run.jsonl", steps + line(41)[:30]), "--gpu", "a100-80gb")
-    assert set(doc) == {"schema", "steps", "ranks", "leak", "imbalance", "fragmentation", "findings"}
+    assert set(doc) == {"schema", "steps", "ranks", "leak", "imbalance", "fragmentation", "findings", "vs_estimate"}
+    assert doc["vs_estimate"] is None  # no --estimate-from
     assert doc["schema"] == "memfit.watch/1" and doc["steps"] == 40
     assert doc["ranks"]["0"]["steps"] == 40 and doc["ranks"]["0"]["last_step"] == 40
     g, = doc["findings"]
@@ -104,3 +106,38 @@ def test_follow_reads_a_growing_file_until_the_step(tmp_path, watch):
 def test_the_text_report_names_causes_and_knobs(tmp_path, watch):
     code, out, _ = watch(write(tmp_path / "f.jsonl", "".join(line(s, reserved_bytes=20 * GiB) for s in range(1, 9))))
     assert code == 0 and "fragmentation on rank 0" in out and "expandable_segments:True" in out
+
+
+LF_LORA = Path(__file__).resolve().parents[1] / "formats/examples/llamafactory/examples/train_lora/llama3_lora_sft.yaml"
+
+
+def _cuda_run(tmp_path, peak: int, used: int) -> Path:
+    for rank in range(2):
+        lines = [{"schema": "memfit.monitor/1", "rank": rank, "world_size": 2, "step": s, "time": float(s),
+                  "step_seconds": 1.0, "tokens": 2048, "device_kind": "cuda", "allocated_bytes": peak // 2,
+                  "reserved_bytes": peak, "peak_allocated_bytes": peak - rank, "device_used_bytes": used,
+                  "device_total_bytes": 80 * GiB, "host_rss_bytes": 8 * GiB} for s in range(1, 6)]
+        (tmp_path / f"run.rank{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return tmp_path / "run.jsonl"
+
+
+def test_the_measured_peak_beside_memfits_estimate(tmp_path, watch_json, capsys):
+    """issue 13 item 3: --estimate-from puts the run's peak beside memfit's estimate of the same run (2 ranks,
+    the GPU from the lines' device total); a run that held more than the estimate is flagged under-predicted."""
+    from memfit.interfaces.cli.main import main
+
+    assert main(["estimate", "--from", str(LF_LORA), "--gpu-mem", "80GiB", "--gpus", "2", "--json"]) == 0
+    est = json.loads(capsys.readouterr().out)["per_rank"]
+    allocated, total = est["allocated"]["peak_bytes"], est["device_total"]["peak_bytes"]
+    over = watch_json(_cuda_run(tmp_path, int(allocated * 1.25), total), "--estimate-from", str(LF_LORA))["vs_estimate"]
+    assert over["available"] and over["allocated"]["under_predicted"] is True
+    assert over["allocated"]["error_pct"] == pytest.approx(100 * (1 / 1.25 - 1), abs=0.05)
+    assert over["device_total"] == {"estimate_bytes": total, "measured_bytes": total, "error_pct": 0.0,
+                                    "under_predicted": False}
+
+
+def test_a_cpu_run_says_why_it_has_no_comparison(tmp_path, watch_json):
+    run = write(tmp_path / "cpu.jsonl", "".join(line(s, device_kind="cpu", reserved_bytes=None, peak_allocated_bytes=None,
+                                                    host_peak_rss_bytes=2 * GiB) for s in range(1, 4)))
+    doc = watch_json(run, "--estimate-from", str(LF_LORA), "--gpu", "a100-80gb")
+    assert doc["vs_estimate"]["available"] is False and "CPU" in doc["vs_estimate"]["why"]

@@ -24,6 +24,10 @@ def add_watch_command(subparsers) -> None:
     cap = p.add_mutually_exclusive_group()
     cap.add_argument("--capacity", help="memory per device, in GiB or with a unit (80, 24GiB): when growth reaches it")
     cap.add_argument("--gpu", help="the GPU by name (see `memfit gpus`): its memory is the capacity")
+    p.add_argument("--estimate-from", metavar="FILE", action="append",
+                   help="the run's config (as `memfit estimate --from`): its estimate beside the measured peak; the "
+                        "GPU count is the run's ranks, the GPU --gpu or the device total in the lines")
+    p.add_argument("--model", help="with --estimate-from, when the file does not name the model")
     p.add_argument("--json", action="store_true", help="print the memfit.watch/1 JSON document")
     p.set_defaults(run=run_watch)
 
@@ -60,21 +64,39 @@ def run_watch(a: argparse.Namespace) -> int:
     if not a.follow:
         if not reader.ranks:
             raise MemfitError(f"no memfit.monitor/1 lines in {', '.join(a.runs)}")
-        show(reader, capacity, a.json, indent=2)
+        show(reader, capacity, a.json, indent=2, estimate=_estimate(a, reader))
         return 0
+    estimate = None
     while True:  # Ctrl-C: main() turns KeyboardInterrupt into exit 130
         if reader.ranks:
-            show(reader, capacity, a.json, indent=None)
+            estimate = estimate or _estimate(a, reader)
+            show(reader, capacity, a.json, indent=None, estimate=estimate)
             if a.until_steps and all(max(steps) >= a.until_steps for steps in reader.ranks.values()):
                 return 0
         while not reader.poll():
             time.sleep(a.interval)
 
 
-def show(reader, capacity: int | None, as_json: bool, indent: int | None) -> None:
+def _estimate(a: argparse.Namespace, reader):
+    """memfit's estimate of the monitored run (--estimate-from): on as many GPUs as the run has ranks, of the GPU
+    --gpu names or of the device total its lines report."""
+    if not a.estimate_from:
+        return None
+    from memfit.interfaces.cli.args import blank_arguments, scenario_and_file
+    from memfit.roles.estimate import estimate
+
+    totals = [s.device_total for ss in reader.ranks.values() for s in ss.values() if s.device_total]
+    if not a.gpu and not totals:
+        raise MemfitError("--estimate-from needs the GPU: --gpu NAME (the run's lines do not say the device total)")
+    args = argparse.Namespace(**{**blank_arguments(), "model": a.model, "from_file": a.estimate_from, "gpu": a.gpu,
+                                 "gpu_mem": None if a.gpu else f"{max(totals)}B", "gpus_per_node": len(reader.ranks)})
+    return estimate(scenario_and_file(args)[0])
+
+
+def show(reader, capacity: int | None, as_json: bool, indent: int | None, estimate=None) -> None:
     from memfit.interfaces.runs.detect import watch_report
 
-    report = watch_report(reader.by_rank(), capacity)
+    report = watch_report(reader.by_rank(), capacity, estimate)
     if as_json:  # --follow prints one compact document per update: a JSON line each
         print(json.dumps(report, indent=indent), flush=True)
     else:
@@ -96,6 +118,14 @@ def print_report(report: dict) -> None:
                                   "reserved GiB", "tokens/step", "s/step"), rows)
     if not report["findings"]:
         print("no growth, imbalance or fragmentation found")
+    vs = report.get("vs_estimate")
+    if vs and not vs["available"]:
+        print(f"vs memfit's estimate: {vs['why']}")
+    for basis, row in (vs or {}).items() if vs and vs["available"] else ():
+        if isinstance(row, dict):
+            word = "UNDER-predicted" if row["under_predicted"] else "covered"
+            print(f"vs memfit's estimate ({basis}, peak in {vs['peak_phase']}): measured {_gib(row['measured_bytes'])} "
+                  f"GiB, estimate {_gib(row['estimate_bytes'])} GiB ({row['error_pct']:+.1f}%): {word}")
     for f in report["findings"]:
         print(describe(f))
         print("  likely causes: " + "; ".join(f["causes"]))

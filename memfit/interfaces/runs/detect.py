@@ -136,8 +136,30 @@ def rank_summary(ss: list[Sample]) -> dict:
             "mean_step_seconds": _mean([s.step_seconds for s in ss if s.step_seconds is not None])}
 
 
-def watch_report(ranks: dict[int, list[Sample]], capacity: int | None = None) -> dict:
-    """The memfit.watch/1 document. Without a capacity given, each rank's device total from its lines."""
+def vs_estimate(ranks: dict[int, list[Sample]], e) -> dict:
+    """The run's peak beside memfit's estimate of it: the allocator's peak against the estimate's allocated peak,
+    and the driver's used bytes against its device total (both CUDA figures: a CPU run has neither)."""
+    samples = [s for ss in ranks.values() for s in ss]
+    peaks = [s.peak_allocated for s in samples if s.peak_allocated is not None]
+    if not peaks:
+        return {"available": False, "why": "the lines have no allocator peak (a CPU run): nothing on the device "
+                                           "to compare with the estimate"}
+    out = {"available": True, "peak_phase": e.allocated.peak_phase,
+           "allocated": _against(e.allocated.peak.total, max(peaks))}
+    used = [s.device_used for s in samples if s.device_used is not None]
+    if used:
+        out["device_total"] = _against(e.device_total.peak.total, max(used))
+    return out
+
+
+def _against(estimate: int, measured: int) -> dict:
+    return {"estimate_bytes": estimate, "measured_bytes": measured,
+            "error_pct": round(100.0 * (estimate - measured) / measured, 2), "under_predicted": measured > estimate}
+
+
+def watch_report(ranks: dict[int, list[Sample]], capacity: int | None = None, estimate=None) -> dict:
+    """The memfit.watch/1 document. Without a capacity given, each rank's device total from its lines; with
+    memfit's `estimate` of the run, the measured peak beside it."""
     findings = []
     for r, ss in ranks.items():
         g = growth(r, ss, capacity or ss[-1].device_total)
@@ -148,7 +170,8 @@ def watch_report(ranks: dict[int, list[Sample]], capacity: int | None = None) ->
     findings += [f for f in (imb, frag) if f]
     return {"schema": WATCH_SCHEMA, "steps": max((len(ss) for ss in ranks.values()), default=0),
             "ranks": {str(r): rank_summary(ss) for r, ss in ranks.items()},
-            **_headline([f for f in findings if f["kind"] == "growth"], imb, frag), "findings": findings}
+            **_headline([f for f in findings if f["kind"] == "growth"], imb, frag), "findings": findings,
+            "vs_estimate": None if estimate is None else vs_estimate(ranks, estimate)}
 
 
 def _headline(growths: list[dict], imb: dict | None, frag: dict | None) -> dict:
