@@ -14,7 +14,9 @@ from memfit.interfaces.cli.main import build_parser
 # options of a command that are not knobs: what the command does with the run, not what the run is
 COMMAND_OPTIONS = {"--json", "--help", "-h", "--steps", "--timeline", "--compare", "--weights", "--global-batch",
                    "--allow", "--top", "--no-code-edits", "--no-resume", "--out", "--in-place", "--model",
-                   "--max-seq", "--max-batch", "--html", "--save", "--follow", "--capacity", "--until-steps", "--interval"}
+                   "--max-seq", "--max-batch", "--html", "--save", "--follow", "--capacity", "--until-steps", "--interval",
+                   "--lengths", "--seed", "--epochs", "--group-by-length", "--drop-last", "--sampler", "--estimate-from",
+                   "--port", "--host"}
 
 
 def _subparsers():

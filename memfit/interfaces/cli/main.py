@@ -14,7 +14,10 @@ from memfit.interfaces.cli.args import Parser, add_scenario_arguments, positive_
 def _cmd_estimate(a) -> int:
     from memfit.roles.estimate import estimate
 
+    from memfit.interfaces.lengths.cli import lengths_report, print_lengths
+
     result = estimate(scenario_from_args(a))
+    lengths = lengths_report(a, result.scenario)  # --lengths DATA: per-step, per-rank peaks (None without it)
     if a.html:  # the page as well as the usual output (render/html.py draws the --json document)
         from memfit.interfaces.render.html import estimate_page, write_page
 
@@ -22,19 +25,24 @@ def _cmd_estimate(a) -> int:
     if a.json:
         import json
 
-        print(json.dumps(result.to_json(), indent=2))
+        print(json.dumps(result.to_json() | ({"lengths": lengths.to_json()} if lengths else {}), indent=2))
     else:
         from memfit.interfaces.render.estimate import print_estimate
 
         print_estimate(result)
+        if lengths:
+            print_lengths(lengths)
     return 0
 
 
 def _cmd_trace(a) -> int:
     from memfit.trace import render, run_trace, write_timeline
 
+    from memfit.interfaces.render.common import working
+
     scenario = scenario_from_args(a)
-    result = run_trace(scenario, steps=a.steps)
+    with working(f"tracing {scenario.model.id}: the real modeling code on fake tensors"):
+        result = run_trace(scenario, steps=a.steps)
     if a.timeline:
         write_timeline(result, a.timeline)
     if a.json:
@@ -65,8 +73,11 @@ def _cmd_trace(a) -> int:
 def _cmd_measure(a) -> int:
     from memfit.measure import render, run_measure
 
+    from memfit.interfaces.render.common import working
+
     scenario = scenario_from_args(a)
-    result = run_measure(scenario, steps=a.steps, model_dir=a.weights)
+    with working(f"measuring {scenario.model.id}: the real engine on {scenario.world_size} rank(s)"):
+        result = run_measure(scenario, steps=a.steps, model_dir=a.weights)
     if a.json:
         import json
 
@@ -113,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_scenario_arguments(est)
     est.add_argument("--json", action="store_true", help="print the documented JSON document instead of tables")
     est.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report (charts) to FILE")
+    from memfit.interfaces.lengths.cli import add_lengths_arguments
+
+    add_lengths_arguments(est)
     est.set_defaults(run=_cmd_estimate)
     tr = sub.add_parser("trace", help="run the real transformers/PEFT step on fake tensors (needs memfit[trace])")
     add_scenario_arguments(tr)
@@ -131,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     from memfit.interfaces.cli.doctor import add_doctor_command
     from memfit.interfaces.cli.fit import add_fit_command
     from memfit.interfaces.cli.plan import add_plan_command
+    from memfit.interfaces.cli.serve import add_serve_command
     from memfit.interfaces.cli.watch import add_watch_command
 
     add_plan_command(sub)
@@ -138,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_doctor_command(sub)
     add_watch_command(sub)
     add_calibrate_command(sub)
+    add_serve_command(sub)
     for name, fn in (("models", _cmd_models), ("gpus", _cmd_gpus)):
         sp = sub.add_parser(name, help=f"list the {name} catalog")
         sp.add_argument("filter", nargs="?", help="substring to filter by")
