@@ -234,7 +234,28 @@ def _check_page(page, doc) -> str:
     verdict = page.locator("#verdict")
     assert verdict.is_visible() and verdict.inner_text().startswith("OOM")
     assert page.locator("svg#timeline .mark-label").text_content() == "peak"
+    _check_sweep_chart(page)
     return page.evaluate("getComputedStyle(document.body).backgroundColor")
+
+
+def _check_sweep_chart(page) -> None:
+    """The micro-batch sweep drawn: its line and dots have size, the largest-fitting mark is a visible vertical
+    line left of the run's own value (the report's micro-batch 4 does not fit), dots above the capacity line red."""
+    chart = page.locator("svg#sweep-micro_batch")
+    box = chart.bounding_box()
+    assert box and box["width"] > 200 and box["height"] > 100
+    line = chart.locator("polyline.series").bounding_box()
+    assert line and line["width"] > 0 and line["height"] > 0
+    dots = chart.locator("circle.dot")
+    assert dots.count() >= 4 and all((b := dots.nth(i).bounding_box()) and b["width"] > 0 for i in range(dots.count()))
+    best = chart.locator('line.vmark[data-mark="largest-fitting"]').bounding_box()
+    mine = chart.locator('line.vmark[data-mark="current"]').bounding_box()
+    assert best and mine and best["height"] > 100 and best["x"] < mine["x"]
+    capacity_y = chart.locator("line.capacity").bounding_box()["y"]
+    for i in range(dots.count()):
+        d = dots.nth(i)
+        if d.get_attribute("data-verdict") == "oom":
+            assert d.bounding_box()["y"] < capacity_y
 
 
 def test_several_model_run_draws_one_bar_per_gpu_group(tmp_path, capsys):

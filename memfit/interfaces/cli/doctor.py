@@ -25,6 +25,8 @@ def add_doctor_command(subparsers) -> None:
     add_scenario_arguments(p)
     p.add_argument("--top", type=positive_int, default=5, help="fixes to show (default 5)")
     p.add_argument("--json", action="store_true", help="print the memfit.doctor/1 JSON document")
+    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report (memfit's estimate with "
+                                                  "the log's figures) to FILE; needs the run's config")
     p.set_defaults(run=run_doctor)
 
 
@@ -37,8 +39,18 @@ def run_doctor(a: argparse.Namespace) -> int:
     if not report.failures and not report.timeline:
         kind = "" if looks_like_text(text) else " (it is not text)"
         raise MemfitError(f"no memory failure found in {a.log}{kind}; memfit doctor reads {FORMS}")
-    d = diagnose(report, config_scenario(a, report))
+    scenario = config_scenario(a, report)
+    if a.html and scenario is None:
+        raise MemfitError("--html draws memfit's estimate beside the log: give the run's config (--from FILE, or "
+                          "MODEL --gpu ... with its knobs)")
+    d = diagnose(report, scenario)
     d.fixes = d.fixes[: a.top]
+    if a.html:  # the estimate's bars with the log's figures as levels (render/html_doctor.py)
+        from memfit.interfaces.render.html import write_page
+        from memfit.interfaces.render.html_doctor import doctor_page
+        from memfit.roles.estimate import estimate
+
+        write_page(a.html, doctor_page(d.to_json(), estimate(scenario).to_json(), a.log))
     if a.json:
         print(json.dumps(d.to_json(), indent=2))
     else:

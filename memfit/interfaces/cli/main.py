@@ -20,8 +20,10 @@ def _cmd_estimate(a) -> int:
     lengths = lengths_report(a, result.scenario)  # --lengths DATA: per-step, per-rank peaks (None without it)
     if a.html:  # the page as well as the usual output (render/html.py draws the --json document)
         from memfit.interfaces.render.html import estimate_page, write_page
+        from memfit.planner.sweep import sweeps
 
-        write_page(a.html, estimate_page(result.to_json()))
+        # plus the batch and sequence sweeps (the page's only numbers not in --json: estimates of nearby runs)
+        write_page(a.html, estimate_page(result.to_json() | {"sweep": sweeps(result.scenario)}))
     if a.json:
         import json
 
@@ -45,6 +47,12 @@ def _cmd_trace(a) -> int:
         result = run_trace(scenario, steps=a.steps)
     if a.timeline:
         write_timeline(result, a.timeline)
+    if a.html:  # the page draws the document --timeline writes (render/html_trace.py)
+        from memfit.interfaces.render.html import write_page
+        from memfit.interfaces.render.html_trace import trace_page
+
+        gpu = scenario.hardware.gpu
+        write_page(a.html, trace_page(result.to_json(timeline=True), scenario.model.id, gpu.name, gpu.memory_bytes))
     if a.json:
         import json
 
@@ -133,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--steps", type=positive_int, default=2, help="training steps; the last one is reported (default 2)")
     tr.add_argument("--timeline", help="write the allocation timeline to this JSON file")
     tr.add_argument("--compare", action="store_true", help="also print memfit's analytic estimate beside the trace")
+    tr.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report (the timeline, the "
+                                                   "phases' peaks) to FILE")
     tr.add_argument("--json", action="store_true")
     tr.set_defaults(run=_cmd_trace)
     me = sub.add_parser("measure", help="run real steps on the real engine (needs memfit[measure]; CUDA or CPU+gloo)")

@@ -29,6 +29,8 @@ def add_watch_command(subparsers) -> None:
                         "GPU count is the run's ranks, the GPU --gpu or the device total in the lines")
     p.add_argument("--model", help="with --estimate-from, when the file does not name the model")
     p.add_argument("--json", action="store_true", help="print the memfit.watch/1 JSON document")
+    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report (per-rank memory over "
+                                                  "the steps, the findings) to FILE; with --follow, at each update")
     p.set_defaults(run=run_watch)
 
 
@@ -64,13 +66,13 @@ def run_watch(a: argparse.Namespace) -> int:
     if not a.follow:
         if not reader.ranks:
             raise MemfitError(f"no memfit.monitor/1 lines in {', '.join(a.runs)}")
-        show(reader, capacity, a.json, indent=2, estimate=_estimate(a, reader))
+        show(reader, capacity, a.json, indent=2, estimate=_estimate(a, reader), html=a.html)
         return 0
     estimate = None
     while True:  # Ctrl-C: main() turns KeyboardInterrupt into exit 130
         if reader.ranks:
             estimate = estimate or _estimate(a, reader)
-            show(reader, capacity, a.json, indent=None, estimate=estimate)
+            show(reader, capacity, a.json, indent=None, estimate=estimate, html=a.html)
             if a.until_steps and all(max(steps) >= a.until_steps for steps in reader.ranks.values()):
                 return 0
         while not reader.poll():
@@ -93,10 +95,23 @@ def _estimate(a: argparse.Namespace, reader):
     return estimate(scenario_and_file(args)[0])
 
 
-def show(reader, capacity: int | None, as_json: bool, indent: int | None, estimate=None) -> None:
+def write_html(path: str, reader, report: dict, capacity: int | None) -> None:
+    from memfit.interfaces.render.html import write_page
+    from memfit.interfaces.render.html_run import series_of, watch_page
+
+    by_rank = reader.by_rank()
+    totals = [s.device_total for ss in by_rank.values() for s in ss if s.device_total]
+    doc = report | {"series": series_of(by_rank), "capacity_bytes": capacity or (max(totals) if totals else None),
+                    "finding_texts": [describe(f) for f in report["findings"]], "sources": reader.files}
+    write_page(path, watch_page(doc))
+
+
+def show(reader, capacity: int | None, as_json: bool, indent: int | None, estimate=None, html=None) -> None:
     from memfit.interfaces.runs.detect import watch_report
 
     report = watch_report(reader.by_rank(), capacity, estimate)
+    if html:  # the page draws the report and the samples' series (render/html_run.py)
+        write_html(html, reader, report, capacity)
     if as_json:  # --follow prints one compact document per update: a JSON line each
         print(json.dumps(report, indent=indent), flush=True)
     else:

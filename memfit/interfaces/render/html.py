@@ -10,7 +10,9 @@ from html import escape
 
 from memfit.breakdown import CATEGORIES, PHASES
 from memfit.interfaces.render.common import GiB, gib
+from memfit.interfaces.render.html_sweep import role_share_section, sweep_section
 from memfit.interfaces.render.svg import Column, Line, legend, stacked_chart
+from memfit.interfaces.render import svg_line
 
 LEVELS = (("allocated", "allocated"), ("reserved", "reserved"), ("device_total", "device total"))
 VERDICT_WORDS = {"fits": "FITS", "tight": "TIGHT", "oom": "OOM", "host_oom": "HOST OOM"}
@@ -56,7 +58,7 @@ table { border-collapse: collapse; margin: 0.4em 0; font-variant-numeric: tabula
 th, td { padding: 0.25em 0.7em; border-bottom: 1px solid var(--grid); text-align: right; vertical-align: top; }
 th:first-child, td:first-child, td.text, th.text { text-align: left; }
 ul.changes { margin: 0; padding-left: 1.1em; text-align: left; } code { font-size: 0.9em; }
-"""
+""" + svg_line.CSS
 
 
 def page(title: str, body: list[str]) -> str:
@@ -188,9 +190,10 @@ def _list(title: str, items, list_id: str) -> list[str]:
 def estimate_body(doc: dict) -> list[str]:
     """The charts and tables of one estimate document (also the base run's part of a plan page)."""
     several = len(doc["roles"]) > 1 or len(doc["gpu_groups"]) > 1
-    charts = [rank_chart(doc)] + ([group_chart(doc)] if len(doc["gpu_groups"]) > 1 else [])
+    charts = [rank_chart(doc)] + ([group_chart(doc)] if len(doc["gpu_groups"]) > 1 else []) + role_share_section(doc)
     body = [verdict_html(doc), legend(), '<div class="charts">', *charts, "</div>", peak_table(doc),
-            "<h2>phase timeline</h2>", '<div class="charts">', timeline_chart(doc), host_chart(doc), "</div>"]
+            "<h2>phase timeline</h2>", '<div class="charts">', timeline_chart(doc), host_chart(doc), "</div>",
+            *sweep_section(doc)]  # only when the command line computed the sweep (estimate --html)
     if several:
         body += ["<h2>roles</h2>", _roles_table(doc)]
     drivers = [f"{k}: {gib(v)} GiB" for k, v in doc.get("drivers", {}).items()]

@@ -13,7 +13,7 @@ from memfit.breakdown import CATEGORIES
 from memfit.interfaces.render.common import GiB, gib
 
 # the chart's frame, in SVG user units (the viewBox scales it to the page's width)
-HEIGHT, TOP, BOTTOM, LEFT, RIGHT = 300, 34, 56, 64, 150
+HEIGHT, TOP, BOTTOM, LEFT, RIGHT = 300, 34, 56, 64, 160
 COLUMN, GAP = 56, 34
 TICK_STEPS_GIB = (0.5, 1, 2, 4, 5, 8, 10, 16, 20, 25, 40, 50, 80, 100, 200, 250, 500, 1000, 2000, 5000)
 
@@ -27,6 +27,8 @@ class Column:
     total: int
     attrs: dict[str, str] = field(default_factory=dict)  # data-* attributes of every segment (bar, phase, group)
     mark: str = ""  # a word above the total, e.g. "peak"
+    kind: str = "category"  # what a segment is (its data-* name): a category, or a role (html_extra.py)
+    classes: dict[str, str] = field(default_factory=dict)  # non-category segments: key -> colour class, in order
 
 
 @dataclass
@@ -86,14 +88,15 @@ def _axis(f: _Frame) -> list[str]:
 def _segments(f: _Frame, i: int, c: Column) -> list[str]:
     out, below = [], 0
     x = f.x(i)
-    for cat in CATEGORIES:
+    for cat in tuple(c.classes) or CATEGORIES:
         n = c.parts.get(cat, 0)
         if n <= 0:  # nothing of this kind: no segment (every drawn segment has a height)
             continue
         y0, y1 = f.y(below), f.y(below + n)
-        out.append(f'<rect class="seg cat-{cat}"{_attrs(c.attrs)} data-category="{cat}" data-bytes="{n}" '
+        css, key = escape(c.classes.get(cat, f"cat-{cat}")), escape(cat)
+        out.append(f'<rect class="seg {css}"{_attrs(c.attrs)} data-{escape(c.kind)}="{key}" data-bytes="{n}" '
                    f'x="{x:.1f}" y="{y1:.2f}" width="{COLUMN}" height="{y0 - y1:.2f}">'
-                   f'<title>{escape(c.label)}: {cat.replace("_", " ")} {gib(n)} GiB</title></rect>')
+                   f'<title>{escape(c.label)}: {key.replace("_", " ")} {gib(n)} GiB</title></rect>')
         below += n
     top = f.y(c.total)
     out.append(f'<text class="total"{_attrs(c.attrs)} data-bytes="{c.total}" x="{x + COLUMN / 2:.1f}" '
@@ -120,16 +123,26 @@ def _wrap(label: str, width: int = 11) -> list[str]:
     return lines[:3]
 
 
-def _level(f: _Frame, ln: Line) -> list[str]:
+def _label_ys(f: _Frame, lines: list[Line]) -> list[float]:
+    """Each level's label height: at its line, pushed down where levels lie closer than its two text lines."""
+    order = sorted(range(len(lines)), key=lambda i: f.y(lines[i].nbytes))
+    ys, last = [0.0] * len(lines), -1e9
+    for i in order:
+        ys[i] = last = max(f.y(lines[i].nbytes), last + 27)
+    return ys
+
+
+def _level(f: _Frame, ln: Line, label_y: float | None = None) -> list[str]:
     y = f"{f.y(ln.nbytes):.1f}"
+    ly = f.y(ln.nbytes) if label_y is None else label_y
     right = f.width - RIGHT + 8
     over = (f'<rect class="over" x="{LEFT}" y="{TOP}" width="{right - LEFT}" height="{f.y(ln.nbytes) - TOP:.1f}"/>'
             if ln.kind == "capacity" else "")
     return [over, f'<line class="{escape(ln.kind)}" data-bytes="{ln.nbytes}" x1="{LEFT}" x2="{right}" y1="{y}" '
                   f'y2="{y}"/>',
-            f'<text class="level-label" x="{right + 4}" y="{y}" dominant-baseline="middle">'
+            f'<text class="level-label" x="{right + 4}" y="{ly:.1f}" dominant-baseline="middle">'
             f'{escape(ln.label)}</text>',
-            f'<text class="level-label" x="{right + 4}" y="{f.y(ln.nbytes) + 13:.1f}" dominant-baseline="middle">'
+            f'<text class="level-label" x="{right + 4}" y="{ly + 13:.1f}" dominant-baseline="middle">'
             f'{gib(ln.nbytes)} GiB</text>']
 
 
@@ -145,8 +158,8 @@ def stacked_chart(chart_id: str, title: str, columns: list[Column], lines: list[
     body += _axis(f)
     for i, c in enumerate(columns):
         body += _segments(f, i, c)
-    for ln in lines:
-        body += _level(f, ln)[1:]  # the level lines go over the columns
+    for ln, ly in zip(lines, _label_ys(f, lines)):
+        body += _level(f, ln, ly)[1:]  # the level lines go over the columns
     body.append("</svg>")
     return "\n".join(x for x in body if x)
 
