@@ -1,14 +1,16 @@
 """PEFT methods besides LoRA: which Linears they adapt (data/adapters.toml) and what each adapted Linear adds
 (data/peft.toml, derived from PEFT's own layers by memfit/trace/peft_facts.py).
 
-A fact is a list of [size product, bytes per element] terms over T (tokens), I (in_features), O (out_features)
-and R (rank); `bytes_of` evaluates them with a Linear's real widths.
+A fact is a list of [size product, bytes per element] terms over T (tokens), I (in_features), O (out_features),
+R (rank) and a method's own factor sizes (peft_shapes.py); `bytes_of` evaluates them with a Linear's real widths.
 """
 from __future__ import annotations
 
 import tomllib
 from functools import cache
 from pathlib import Path
+
+from memfit.facts.peft_shapes import fact_key
 
 HERE = Path(__file__).resolve().parent / "data"
 
@@ -52,8 +54,10 @@ def setup_name(precision: str, autocast: bool, adapter_bytes: int) -> str:
     return "16bit_fp32_adapters" if adapter_bytes == 4 else "16bit"
 
 
-def facts_for(method: str, setup: str, feedforward: bool = False) -> dict:
-    key = f"{method}_feedforward" if feedforward and f"{method}_feedforward" in layer_facts() else method
+def facts_for(method: str, setup: str, feedforward: bool = False, sizes: dict[str, int] | None = None) -> dict:
+    """The facts of one adapted Linear; `sizes` (peft_shapes.layer_sizes) picks a method's branch (LoKr)."""
+    key = fact_key(method, sizes) if sizes else method
+    key = f"{method}_feedforward" if feedforward and f"{method}_feedforward" in layer_facts() else key
     return layer_facts()[key][setup]
 
 

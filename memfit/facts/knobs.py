@@ -12,6 +12,7 @@ from functools import cache
 from pathlib import Path
 
 from memfit.errors import MemfitError
+from memfit.facts.adapters import method_info
 from memfit.facts.methods import several_models
 
 TABLE = Path(__file__).parent / "data" / "knobs.toml"
@@ -130,6 +131,7 @@ CONDITIONS = {
     "virtual_tokens": lambda s: s.virtual_tokens_in_use > 0, "several": lambda s: several_models(s.method),
     "offload": lambda s: s.offload_optimizer != "none" or s.offload_param != "none",
     "zero3": lambda s: s.zero_stage == 3,
+    "ranked": lambda s: s.tuning in ("lora", "qlora") or not method_info(s.tuning).get("rankless", False),
 }
 
 

@@ -170,7 +170,10 @@ def _peft_defaults(values: dict, given, assumed: list[str]) -> None:
     if "lora_targets" not in given and "default_targets" in method_info(method):
         values["lora_targets"] = tuple(method_info(method)["default_targets"])
         assumed.append(f"{method} targets={','.join(values['lora_targets'])} (PEFT's default)")
-    if "lora_rank" not in given and method in ("vera", "adalora", "loha"):
+    if "lora_rank" not in given and method in ("vera", "adalora", "loha", "lokr"):
         assumed.append(f"{method} rank={values.get('lora_rank', 8)}")
+    if method == "oft":  # facts/peft_shapes.py OFT_BLOCK_SIZE
+        assumed.append("oft: rotation blocks of 32 of each adapted input (PEFT's default oft_block_size; "
+                       "the rank knob does not apply)")
     if "virtual_tokens" not in given and wraps(method) == "virtual_tokens":
         assumed.append(f"{method}: {values.get('virtual_tokens', 20)} virtual tokens (PEFT has no default)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memfit.facts.adapters import bytes_of, facts_for, setup_name, wraps
+from memfit.facts.peft_shapes import layer_sizes
 from memfit.facts.activation_table import activation_saved, activation_saves_output
 from memfit.facts.engines import engine_of
 from memfit.facts.recompute import Recompute
@@ -110,20 +111,20 @@ def _adapted(s: Scenario, adapters: list[ParamTensor]) -> dict[str, tuple[int, f
     return out
 
 
-def _peft_facts(s: Scenario, module: str) -> dict:
+def _peft_facts(s: Scenario, module: str, sizes: dict[str, int]) -> dict:
     setup = setup_name(s.precision, s.runs_autocast, s.adapter_bytes)
-    return facts_for(s.tuning, setup, feedforward(s.model, s.tuning, module))
+    return facts_for(s.tuning, setup, feedforward(s.model, s.tuning, module), sizes)
 
 
 def _peft_widths(s: Scenario, adapters: list[ParamTensor]) -> dict[str, dict[str, int]]:
-    return {t.module: {"I": t.in_features, "O": t.out_features, "R": s.lora_rank}
+    return {t.module: layer_sizes(s.tuning, t.in_features, t.out_features, s.lora_rank)
             for t in adapters if t.name.endswith(".adapter")}
 
 
 def _peft_per_token(s: Scenario, module: str, sizes: dict[str, int], width: int) -> tuple[int, bool]:
     """A PEFT method's saved bytes per token of one adapted Linear (data/peft.toml), and whether one of its
     saved tensors is the Linear's input itself; plus a bool dropout mask when the method drops its input."""
-    facts = _peft_facts(s, module)
+    facts = _peft_facts(s, module, sizes)
     mask = width if s.lora_dropout > 0 else 0
     return bytes_of(facts["saved"], sizes, per_token=True) + mask, facts["saves_input"]
 
@@ -134,7 +135,7 @@ def _peft_fixed(s: Scenario, adapters: list[ParamTensor]) -> int:
     if wraps(s.tuning) != "linear":
         return 0
     widths = _peft_widths(s, adapters)
-    return int(sum(count * bytes_of(_peft_facts(s, mod)["saved"], widths[mod], per_token=False)
+    return int(sum(count * bytes_of(_peft_facts(s, mod, widths[mod])["saved"], widths[mod], per_token=False)
                    for mod, (_, count) in _adapted(s, adapters).items()))
 
 
@@ -144,7 +145,7 @@ def _peft_backward(s: Scenario, adapters: list[ParamTensor]) -> int:
     if wraps(s.tuning) != "linear":
         return 0
     widths = _peft_widths(s, adapters)
-    return int(max((_peft_facts(s, mod)["backward_weights"] * w["I"] * w["O"] * s.adapter_bytes
+    return int(max((_peft_facts(s, mod, w)["backward_weights"] * w["I"] * w["O"] * s.adapter_bytes
                     for mod, w in widths.items()), default=0))
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 from memfit.errors import MemfitError
 from memfit.facts.adapters import elements_of, facts_for, method_info, wraps
+from memfit.facts.peft_shapes import layer_sizes
 from memfit.facts.catalog import ModelSpec
 
 # Which roles a Linear computes and its (in, out) widths; fused modules sum the outputs.
@@ -213,8 +214,8 @@ def peft_tensors(model: ModelSpec, tensors: list[ParamTensor], method: str, rank
         raise MemfitError(f"{method} targets {list(targets)} match no module of {model.id}; valid: {', '.join(valid)}")
     out = []
     for t in adapted:
-        facts = facts_for(method, "fp32", feedforward(model, method, t.module))
-        sizes = {"I": t.in_features, "O": t.out_features, "R": rank}
+        sizes = layer_sizes(method, t.in_features, t.out_features, rank)
+        facts = facts_for(method, "fp32", feedforward(model, method, t.module), sizes)
         out.append(ParamTensor(f"{t.name}.adapter", elements_of(facts["trainable"], sizes), t.count, "lora", t.module,
                                t.in_features, t.out_features, t.per_layer))
     if method_info(method).get("shared_frozen"):

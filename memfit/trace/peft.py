@@ -9,7 +9,7 @@ from memfit.facts.scenario import Scenario
 
 # parameter and buffer names PEFT gives each method's tensors (peft/tuners/*/layer.py adapter_layer_names,
 # other_param_names): they take the adapters' dtype
-ADAPTER_PREFIXES = ("lora_", "ia3_", "vera_", "hada_", "prompt_encoder", "ln_tuning_layers")
+ADAPTER_PREFIXES = ("lora_", "ia3_", "vera_", "hada_", "lokr_", "oft_R", "prompt_encoder", "ln_tuning_layers")
 
 
 def is_adapter(name: str, scenario: Scenario) -> bool:
@@ -97,6 +97,8 @@ def _config(s: Scenario, family: str, model):
                                   lora_dropout=s.lora_dropout, **common)
     if s.tuning == "vera":
         return peft.VeraConfig(r=s.lora_rank, vera_dropout=s.lora_dropout, **common)
+    if s.tuning == "oft":  # PEFT's default blocks of 32 (facts/peft_shapes.py); its r counts blocks
+        return peft.OFTConfig(**common)
     return getattr(peft, info["peft"])(r=s.lora_rank, **common)
 
 
@@ -107,13 +109,13 @@ def apply_peft(model, scenario: Scenario, family: str):
     if scenario.tuning not in adapter_methods():
         return apply_lora(model, scenario, family)
     model = get_peft_model(model, _config(scenario, family, model))
-    if scenario.tuning == "loha":
+    if scenario.tuning in ("loha", "lokr"):
         _always_keep_modules(model)
     return model
 
 
 class _AlwaysKept:
-    """A module_dropout of 0 that a fake tensor can be compared with: LoHa draws `torch.rand(1) > p` each
+    """A module_dropout of 0 that a fake tensor can be compared with: LoHa (and LoKr) draws `torch.rand(1) > p` each
     forward to skip the adapter, and a fake tensor has no value to branch on. With p = 0 the draw always
     keeps the adapter; `rand > _AlwaysKept()` falls back to this __lt__ and says so without a value."""
 

@@ -4,8 +4,11 @@
     python -m memfit.trace.peft_facts --check    # exit 1 when the installed PEFT / torch disagree
 
 One `nn.Linear(in, out)` is wrapped by each method and run forward on a `[1, tokens, in]` input that
-requires grad, under each precision setup memfit models. Every size is a distinct prime, so the element count of each tensor the forward saves for backward factors
-into a product of named sizes: `T*I` is a per-token copy of the input, `I*O` a weight-sized delta. The
+requires grad, under each precision setup memfit models. Every size is a distinct prime (or a named product of
+them: LoKr's Kronecker factors I = I1*I2, OFT's K blocks of B, I = K*B), so the element count of each
+tensor the forward saves for backward factors into a product of named sizes: `T*I` is a per-token copy of the
+input, `I*O` a weight-sized delta. Each method is derived twice, with two sets of sizes: a term that is not a
+product of named sizes (B-1, a rounded count) reads differently in the two and the derivation fails. The
 facts written are those products with their bytes per element, for the saved tensors (minus the layer's
 weights and the input itself, which the model counts once per group of Linears reading it) and for the
 trainable and frozen tensors the method adds. memory/activations.py and memory/inventory.py evaluate them
@@ -15,7 +18,6 @@ with the real widths, so a new model needs no new rule, and a PEFT release that 
 from __future__ import annotations
 
 import sys
-from itertools import product
 from pathlib import Path
 
 import torch
@@ -33,17 +35,43 @@ SETUPS = (("autocast", True, torch.bfloat16, torch.float32),
           ("fp32", False, torch.float32, torch.float32))
 
 
+def _kron(t, i1, i2, o1, o2, r):
+    """LoKr sizes: PEFT factors in = I1*I2 and out = O1*O2 (lokr/layer.py factorization, I1 < I2)."""
+    return {"T": t, "I": i1 * i2, "O": o1 * o2, "R": r, "I1": i1, "I2": i2, "O1": o1, "O2": o2}
+
+
+def _blocks(t, k, b, o):
+    """OFT sizes: in = K blocks of B; P = B(B-1)/2, the entries of one skew-symmetric block."""
+    return {"T": t, "I": k * b, "O": o, "B": b, "K": k, "P": b * (b - 1) // 2}
+
+
+# method -> (two sets of named sizes, each the sizes PEFT sees; the second only checks the first). LoKr's two
+# variants are PEFT's two branches of its second factor: low rank (w2_a @ w2_b) when r < max(O2, I2) / 2, else a
+# full O2 x I2 matrix; its first factor is full (decompose_both=False, PEFT's default).
+LINEAR = (SIZES, {"T": 31, "I": 17, "O": 19, "R": 5})
+METHOD_SIZES = {
+    "ia3": LINEAR, "ia3_feedforward": LINEAR, "vera": LINEAR, "adalora": LINEAR, "loha": LINEAR,
+    "lokr": (_kron(29, 3, 17, 5, 19, 7), _kron(37, 7, 23, 11, 29, 3)),
+    "lokr_full": (_kron(29, 3, 11, 5, 13, 17), _kron(37, 5, 11, 3, 13, 29)),
+    "oft": (_blocks(29, 7, 5, 13), _blocks(31, 3, 11, 17)),
+}
+
+
 def _configs(sizes: dict) -> dict:
     """PEFT configs of each method for a module named `proj` (the defaults PEFT itself uses otherwise)."""
     import peft
 
-    r = sizes["R"]
+    r = sizes.get("R", 0)
     return {
-        "ia3": peft.IA3Config(target_modules=["proj"], feedforward_modules=[]),
-        "ia3_feedforward": peft.IA3Config(target_modules=["proj"], feedforward_modules=["proj"]),
-        "vera": peft.VeraConfig(r=r, target_modules=["proj"]),
-        "adalora": peft.AdaLoraConfig(init_r=r, target_r=max(1, r // 2), total_step=10, target_modules=["proj"]),
-        "loha": peft.LoHaConfig(r=r, target_modules=["proj"]),
+        "ia3": lambda: peft.IA3Config(target_modules=["proj"], feedforward_modules=[]),
+        "ia3_feedforward": lambda: peft.IA3Config(target_modules=["proj"], feedforward_modules=["proj"]),
+        "vera": lambda: peft.VeraConfig(r=r, target_modules=["proj"]),
+        "adalora": lambda: peft.AdaLoraConfig(init_r=r, target_r=max(1, r // 2), total_step=10,
+                                              target_modules=["proj"]),
+        "loha": lambda: peft.LoHaConfig(r=r, target_modules=["proj"]),
+        "lokr": lambda: peft.LoKrConfig(r=r, target_modules=["proj"]),
+        "lokr_full": lambda: peft.LoKrConfig(r=r, target_modules=["proj"]),
+        "oft": lambda: peft.OFTConfig(oft_block_size=sizes.get("B", 0), target_modules=["proj"]),
     }
 
 
@@ -57,23 +85,34 @@ class _One(torch.nn.Module):
 
 
 def monomial(count: int, sizes: dict) -> str:
-    """`count` as a product of the named sizes, e.g. 29 * 11 -> "T*I"; a leftover factor is kept as a number."""
+    """`count` as a product of the named sizes, e.g. 29 * 11 -> "T*I"; a leftover factor is kept as a number.
+    Named sizes may be products of others (I = I1*I2): the reading with the smallest leftover, then the fewest
+    factors, wins ("T*I", not "T*I1*I2")."""
     symbols = list(sizes)
-    for powers in product(range(4), repeat=len(symbols)):
-        value = 1
-        for s, p in zip(symbols, powers):
-            value *= sizes[s] ** p
-        if count % value == 0 and all(count // value % sizes[s] for s in symbols):
-            names = [s for s, p in zip(symbols, powers) for _ in range(p)]
-            rest = count // value
-            return "*".join(([str(rest)] if rest != 1 else []) + names) or "1"
-    raise ValueError(f"{count} is not a product of {sizes}")
+    readings = []
+
+    def search(i: int, rest: int, powers: tuple) -> None:  # only the products that divide `count`
+        if i == len(symbols):
+            if not any(rest % sizes[s] == 0 for s in symbols):
+                readings.append(((rest, sum(powers)), powers))
+            return
+        for p in range(4):
+            if rest % sizes[symbols[i]] ** p:
+                break
+            search(i + 1, rest // sizes[symbols[i]] ** p, powers + (p,))
+
+    search(0, count, ())
+    if not readings:
+        raise ValueError(f"{count} is not a product of {sizes}")
+    (rest, _), powers = min(readings)
+    names = [s for s, p in zip(symbols, powers) for _ in range(p)]
+    return "*".join(([str(rest)] if rest != 1 else []) + names) or "1"
 
 
 def _wrapped(method: str, sizes: dict, frozen, adapter):
     import peft
 
-    model = peft.get_peft_model(_One(sizes["I"], sizes["O"]), _configs(sizes)[method])
+    model = peft.get_peft_model(_One(sizes["I"], sizes["O"]), _configs(sizes)[method]())
     for p in model.parameters():
         p.data = p.data.to(adapter if p.requires_grad else frozen)
     for b in model.buffers():  # VeRA's shared projections: a module cast (DeepSpeed) casts them with the adapters
@@ -94,12 +133,22 @@ def _tensor_terms(tensors, sizes: dict) -> list[tuple[str, int]]:
     return out
 
 
-def layer_facts(method: str, autocast: bool, frozen, adapter) -> dict:
+# a variant is one branch of PEFT's layer: the parameter that branch creates (the sizes must take it)
+BRANCH = {"lokr": "lokr_w2_a", "lokr_full": "lokr_w2."}
+
+
+def _check_branch(method: str, model) -> None:
+    names = [n for n, _ in model.named_parameters()]
+    if method in BRANCH and not any(BRANCH[method] in n for n in names):
+        raise ValueError(f"{method}: these sizes do not take PEFT's branch with {BRANCH[method]} ({names})")
+
+
+def layer_facts(method: str, autocast: bool, frozen, adapter, sizes: dict = SIZES) -> dict:
     """What one adapted Linear holds: trainable and frozen tensors the method adds, saved tensors of a forward."""
-    sizes = SIZES
     torch.manual_seed(0)
     with torch.no_grad():
         model = _wrapped(method, sizes, frozen, adapter)
+    _check_branch(method, model)
     base = model.base_model.model.proj.base_layer.weight
     x = torch.randn(1, sizes["T"], sizes["I"], dtype=frozen, requires_grad=True)
     x_in = x * 1  # a non-leaf input, as a layer's Linears see
@@ -118,17 +167,25 @@ def layer_facts(method: str, autocast: bool, frozen, adapter) -> dict:
             "saved": _tensor_terms(extra, sizes), "saves_input": reads_input}
 
 
-WIDE = {"T": 16, "I": 1024, "O": 2048, "R": 8}  # few tokens: what backward adds beyond them is weight-sized
+# few tokens: what backward adds beyond them is weight-sized. Two shapes (in < out, in > out): a method whose
+# backward temporaries are not a multiple of its weight-sized product reads differently in the two and fails.
+WIDE = ({"T": 16, "I": 1024, "O": 2048, "R": 8}, {"T": 16, "I": 2048, "O": 1024, "R": 8})
+WIDE_SIZES = {
+    "lokr": (_kron(16, 32, 32, 32, 64, 8), _kron(16, 32, 64, 32, 32, 8)),
+    "lokr_full": (_kron(16, 32, 32, 32, 64, 64), _kron(16, 32, 64, 32, 32, 64)),
+    "oft": (_blocks(16, 32, 32, 2048), _blocks(16, 64, 32, 1024)),
+}
 
 
-def backward_weight_copies(method: str, autocast: bool, frozen, adapter) -> float:
-    """Weight-sized tensors (I x O in the adapters' dtype) alive at once in one adapted Linear's backward
-    beyond what its forward left (LoHa's HadaWeight.backward: 4), to the nearest half; counted with the
-    trace's allocator model (memfit/trace/accountant.py)."""
+def backward_weight_copies(method: str, autocast: bool, frozen, adapter, wide: dict = WIDE[0]) -> float:
+    """Weight-sized tensors (I x O in the adapters' dtype) alive at once in one adapted Linear's backward beyond
+    what its forward left (LoHa's HadaWeight.backward: 4), to the nearest half; counted with the trace's
+    allocator model (memfit/trace/accountant.py)."""
     from memfit.trace.accountant import Accountant
 
-    model = _wrapped(method, WIDE, frozen, adapter)
-    x = torch.randn(1, WIDE["T"], WIDE["I"], dtype=frozen, requires_grad=True)
+    model = _wrapped(method, wide, frozen, adapter)
+    _check_branch(method, model)
+    x = torch.randn(1, wide["T"], wide["I"], dtype=frozen, requires_grad=True)
     acc = Accountant()
     with acc:
         acc.enter_phase("forward", 0)
@@ -137,17 +194,28 @@ def backward_weight_copies(method: str, autocast: bool, frozen, adapter) -> floa
         after_forward = acc.live_bytes
         acc.enter_phase("backward", 0)
         loss.backward()
-    weight = WIDE["I"] * WIDE["O"] * torch.finfo(adapter).bits // 8
+    weight = wide["I"] * wide["O"] * torch.finfo(adapter).bits // 8
     return round(2 * (acc.peaks["0:backward"].total - after_forward) / weight) / 2
+
+
+def _agreed(method: str, setup: str, readings: list):
+    """The one reading of both size sets, or a loud failure: some term is not a product of named sizes."""
+    if any(r != readings[0] for r in readings):
+        raise ValueError(f"{method}.{setup}: the two size sets read differently ({readings}); a tensor is not a "
+                         "product of named sizes - name the size it depends on in METHOD_SIZES")
+    return readings[0]
 
 
 def derive() -> dict:
     facts = {}
-    for method in _configs(SIZES):
+    for method, size_sets in METHOD_SIZES.items():
         facts[method] = {}
         for name, autocast, frozen, adapter in SETUPS:
-            facts[method][name] = layer_facts(method, autocast, frozen, adapter)
-            facts[method][name]["backward_weights"] = backward_weight_copies(method, autocast, frozen, adapter)
+            f = _agreed(method, name, [layer_facts(method, autocast, frozen, adapter, sizes) for sizes in size_sets])
+            wide = WIDE_SIZES.get(method, WIDE)
+            f["backward_weights"] = _agreed(method, name, [backward_weight_copies(method, autocast, frozen, adapter, w)
+                                                           for w in wide])
+            facts[method][name] = f
     return facts
 
 
@@ -158,13 +226,16 @@ def _terms(terms) -> str:
 def render(facts: dict) -> str:
     import peft
 
-    lines = ["# What each PEFT method adds to one adapted Linear (T tokens, I in_features, O out_features, R rank).",
+    lines = ["# What each PEFT method adds to one adapted Linear (T tokens, I in_features, O out_features, R rank;",
+             "# LoKr: I = I1*I2, O = O1*O2, PEFT's Kronecker factors; OFT: I = K blocks of B, P = B(B-1)/2).",
              "# Each term is [size product, bytes per element]. Written by",
              "# `python -m memfit.trace.peft_facts` (PEFT's own layers run on CPU tensors); do not edit by hand.",
-             "#   trainable / frozen  tensors the method adds (frozen: VeRA's shared projections, AdaLoRA's rank)",
+             "#   trainable / frozen  tensors the method adds (frozen: VeRA's shared projections, AdaLoRA's rank,",
+             "#                       OFT's int64 block indices, a few KiB a Linear that memory/ leaves out)",
              "#   saved               what a forward keeps for backward beyond the weights and the input itself",
              "#   saves_input         a saved tensor is the layer's input (shared with the other Linears reading it)",
              "#   backward_weights    weight-sized (I*O, adapter dtype) temporaries of the layer's backward",
+             "#   lokr / lokr_full    PEFT's two LoKr branches: r < max(O2, I2) / 2 (low-rank w2), else a full w2",
              f'peft = "{peft.__version__}"', f'torch = "{torch.__version__}"', ""]
     for method, setups in facts.items():
         for setup, f in setups.items():

@@ -81,6 +81,22 @@ def test_estimate_within_3_percent_of_the_trace(method, _, knobs):
     assert abs(est - traced) / traced <= 0.03, (method, est, traced)
 
 
+@pytest.mark.parametrize("method, knobs", [
+    ("lokr", AUTOCAST | dict(lora_rank=8)),  # every Linear takes PEFT's low-rank w2 branch (Qwen2.5-0.5B widths)
+    ("lokr", BF16_CKPT | dict(lora_rank=64)),  # every Linear takes the full-w2 branch
+    ("oft", FP32_ADAPTERS),
+], ids=["lokr-r8-autocast", "lokr-r64-bf16-ckpt", "oft-fp32-adapters"])
+def test_methods_with_factor_sizes_on_every_linear_within_3_percent(method, knobs):
+    """LoKr and OFT size their tensors by factors of each Linear's widths (facts/peft_shapes.py); adapting every
+    Linear makes those tensors (LoKr's weight-sized delta, OFT's rotated input) show in the peak: LoKr r8 under
+    autocast peaks 26% above LoRA r1, OFT with fp32 adapters 5% above."""
+    from memfit.trace.run import run_trace
+
+    s = _scenario(method, lora_targets=("all-linear",), **knobs)
+    est, traced = _peak(estimate(s).allocated), _peak(run_trace(s).profile)
+    assert abs(est - traced) / traced <= 0.03, (method, est, traced)
+
+
 def test_ia3_scales_the_mlp_input_and_the_others_outputs():
     s = _scenario("ia3")
     assert s.lora_targets == ("k", "v", "down", "proj")

@@ -8,8 +8,9 @@ from memfit.interfaces.render.roles import print_roles
 
 def _setup_line(s) -> str:
     from memfit.facts.engines import engine_of
+    from memfit.facts.knobs import inert_because
 
-    rank = "" if s.tuning == "ia3" else f" r{s.lora_rank}"  # IA3 learns vectors: no rank
+    rank = f" r{s.lora_rank}" if inert_because(s, "lora_rank") is None else ""  # IA3, OFT, ...: no rank
     tuning = f"{s.tuning}{rank} ({','.join(s.lora_targets)})" if s.uses_adapters else s.tuning
     return (f"{tuning}, {s.precision}, {s.optimizer}, {engine_of(s).describe(s)}; micro-batch {s.micro_batch} x "
             f"{s.seq_len} tokens, grad-accum {s.grad_accum}; checkpointing {s.checkpointing}, attention {s.attention}, "
