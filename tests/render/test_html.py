@@ -5,12 +5,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import re
 from html.parser import HTMLParser
-from pathlib import Path
 
 import pytest
+
+from browser_support import CHROMIUM, artifacts, sync_playwright_or_skip
 
 from memfit.breakdown import CATEGORIES
 from memfit.interfaces.cli.main import main
@@ -19,7 +19,6 @@ from memfit.interfaces.render.html import estimate_page
 # the 7 x RTX 4090 Llama-3.1-8B LoRA report (tests/test_user_reports.py LLAMA, micro-batch 4: OOM from logits)
 LLAMA = ["meta-llama/Llama-3.1-8B-Instruct", "--gpu", "rtx4090", "--gpus-per-node", "7", "--profile", "llamafactory",
          "--tuning", "lora", "--lora-rank", "8", "--seq-len", "2048", "--precision", "bf16-pure", "--micro-batch", "4"]
-CHROMIUM = "/usr/bin/chromium"
 
 
 class Elements(HTMLParser):
@@ -180,21 +179,10 @@ def test_html_refused_for_limits_and_unwritable_path_is_one_line(tmp_path, capsy
 # ---------------------------------------------------------------- in a real browser
 
 
-def _browser():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("playwright is not installed (pip install playwright==1.55.0; no `playwright install`)")
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"Debian's chromium is not installed ({CHROMIUM}: apt-get install -y chromium)")
-    return sync_playwright
-
-
 def test_report_renders_offline_in_headless_chromium(llama_report, tmp_path_factory):
-    sync_playwright = _browser()
+    sync_playwright = sync_playwright_or_skip()
     doc, path = llama_report
-    artifacts = Path(os.environ.get("MEMFIT_TEST_ARTIFACTS") or tmp_path_factory.mktemp("artifacts"))
-    artifacts.mkdir(parents=True, exist_ok=True)
+    shots = artifacts(tmp_path_factory)
     backgrounds = {}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM)
@@ -208,12 +196,12 @@ def test_report_renders_offline_in_headless_chromium(llama_report, tmp_path_fact
                 page.goto(path.as_uri())
                 backgrounds[scheme] = _check_page(page, doc)
                 assert fetched == []
-                page.screenshot(path=str(artifacts / f"llama-estimate-{scheme}.png"), full_page=True)
+                page.screenshot(path=str(shots / f"llama-estimate-{scheme}.png"), full_page=True)
                 context.close()
         finally:
             browser.close()
     assert backgrounds["light"] != backgrounds["dark"]  # prefers-color-scheme took effect
-    assert (artifacts / "llama-estimate-light.png").stat().st_size > 10_000
+    assert (shots / "llama-estimate-light.png").stat().st_size > 10_000
 
 
 def _check_page(page, doc) -> str:

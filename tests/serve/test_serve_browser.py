@@ -5,7 +5,6 @@ value shows its error beside its field. Screenshots go to $MEMFIT_TEST_ARTIFACTS
 from __future__ import annotations
 
 import json
-import os
 import socket
 import threading
 import time
@@ -16,24 +15,14 @@ import pytest
 pytest.importorskip("fastapi", reason="memfit[serve] is not installed")
 uvicorn = pytest.importorskip("uvicorn", reason="memfit[serve] is not installed")
 
+from browser_support import CHROMIUM, artifacts, sync_playwright_or_skip  # noqa: E402
 from memfit.interfaces.serve.app import create_app  # noqa: E402
 
-CHROMIUM = "/usr/bin/chromium"
 LLAMA_YAML = (Path(__file__).resolve().parent.parent / "formats" / "examples" / "llamafactory" / "examples"
               / "train_lora" / "llama3_lora_sft.yaml")
 QWEN_FORM = {"gpu": "rtx4090", "profile": "openrlhf", "tuning": "full", "zero_stage": "3", "precision": "bf16-mixed",
              "checkpointing": "full", "attention": "flash"}
 QWEN_TYPED = {"gpus_per_node": "4", "seq_len": "128", "micro_batch": "4"}
-
-
-def _browser():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("playwright is not installed (pip install playwright==1.55.0; no `playwright install`)")
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"Debian's chromium is not installed ({CHROMIUM}: apt-get install -y chromium)")
-    return sync_playwright
 
 
 @pytest.fixture(scope="module")
@@ -70,9 +59,8 @@ def _type(page, name: str, value: str) -> None:
 
 
 def test_the_page_in_chromium(server, tmp_path_factory):
-    sync_playwright = _browser()
-    shots = Path(os.environ.get("MEMFIT_TEST_ARTIFACTS") or tmp_path_factory.mktemp("artifacts"))
-    shots.mkdir(parents=True, exist_ok=True)
+    sync_playwright = sync_playwright_or_skip()
+    shots = artifacts(tmp_path_factory)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM)
         try:
