@@ -76,6 +76,16 @@ def test_plan_is_the_cli_document(client):
     assert doc["schema"] == "memfit.plan/1" and doc["rows"] and all(row["verdict"] != "oom" for row in doc["rows"])
 
 
+def test_plan_table_is_the_plan_document(client):
+    """The page's plan view: one row for the start and one per configuration of /api/plan's document."""
+    doc = client.post("/api/plan", json=QWEN | {"top": 3}).json()
+    r = client.post("/api/plan.html", json=QWEN | {"top": 3})
+    assert r.status_code == 200 and r.text.startswith('<table id="plan-table">')
+    assert r.text.count("</tr>") - 1 == 1 + len(doc["rows"])  # the header row, the start, the plans
+    bad = client.post("/api/plan.html", json=QWEN | {"micro_batch": 0})
+    assert bad.status_code == 422 and bad.json()["field"] == "micro_batch"
+
+
 def test_import_reads_the_uploaded_text_and_shows_only_the_name(client):
     r = client.post("/api/import", json={"name": "../../etc/" + LLAMA_YAML.name, "text": LLAMA_YAML.read_text()})
     assert r.status_code == 200

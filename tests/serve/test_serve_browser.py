@@ -70,6 +70,7 @@ def test_the_page_in_chromium(server, tmp_path_factory):
             page.on("request", lambda r: None if r.url.startswith(server) else elsewhere.append(r.url))
             page.goto(server + "/")
             _qwen_report(page, shots)
+            _plan(page, shots)
             _offload_and_export(page, shots)
             _upload_llamafactory(page, shots)
             _bad_value(page, shots)
@@ -91,6 +92,18 @@ def _qwen_report(page, shots: Path) -> None:
     top, capacity = _bars_against_capacity(page)
     assert top < capacity  # the stack rises over the card's capacity
     page.screenshot(path=str(shots / "serve-qwen-oom.png"), full_page=True)
+
+
+def _plan(page, shots: Path) -> None:
+    """The plan view: asked for once, it lists the configurations that fit (and follows the knobs after)."""
+    from playwright.sync_api import expect
+
+    page.locator("#plan-button").click()
+    expect(page.locator("#plan-table")).to_be_visible(timeout=60_000)
+    rows = page.locator("#plan-table tr")
+    assert rows.count() >= 3  # header, start, at least one plan
+    assert "fits" in rows.nth(2).inner_text()
+    page.screenshot(path=str(shots / "serve-qwen-plan.png"), full_page=True)
 
 
 def _offload_and_export(page, shots: Path) -> None:

@@ -102,7 +102,7 @@ def create_app(max_body: int = MAX_BODY) -> FastAPI:
 
 
 def _routes(app: FastAPI) -> None:
-    from memfit.interfaces.render.html import estimate_body, estimate_page
+    from memfit.interfaces.render.html import estimate_body, estimate_page, plan_table
     from memfit.interfaces.serve.page import page
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
@@ -129,6 +129,11 @@ def _routes(app: FastAPI) -> None:
               summary="the document `memfit plan --json` prints")
     async def plan_route(request: Request):
         return await run_in_threadpool(_plan_doc, await _json_body(request))
+
+    @app.post("/api/plan.html", response_class=HTMLResponse, openapi_extra=request_body("plan"),
+              summary="the plan as an HTML table: each configuration that fits, its changes, savings and speed")
+    async def plan_table_route(request: Request):
+        return plan_table(await run_in_threadpool(_plan_doc, await _json_body(request)))
 
     @app.post("/api/import", openapi_extra=request_body("import"),
               summary="the knobs memfit reads from a framework file sent as text")

@@ -28,7 +28,7 @@ form#knobs [aria-invalid="true"] { border-color: var(--oom); }
 .actions { display: flex; flex-wrap: wrap; gap: 0.8em; align-items: center; margin: 0.8em 0; }
 button { font: inherit; padding: 0.3em 0.9em; border-radius: 4px; border: 1px solid var(--grid);
   background: var(--panel); color: var(--fg); cursor: pointer; }
-#result.stale { opacity: 0.45; } #status { color: var(--muted); }
+#result.stale, #plan.stale { opacity: 0.45; } #status { color: var(--muted); }
 pre#export-text { background: var(--panel); padding: 0.6em; max-height: 18em; overflow: auto; font-size: 0.85em; }
 </style>"""
 
@@ -85,12 +85,27 @@ async function update() {
     result.innerHTML = html;
     result.classList.remove("stale");
     document.getElementById("status").textContent = "";
+    if (planOpen) plan();
   } catch (err) {
     if (mine !== asked) return;
     result.classList.add("stale");
     document.getElementById("status").textContent = "not estimated: see the message beside the field";
     showError(err);
   }
+}
+
+let planOpen = false;        // once asked for, the plan follows the knobs too
+
+async function plan() {
+  const mine = asked;
+  const view = document.getElementById("plan");
+  view.classList.add("stale");
+  try {
+    const html = await (await post("/api/plan.html", request())).text();
+    if (mine !== asked) return;
+    view.innerHTML = html;
+    view.classList.remove("stale");
+  } catch (err) { if (mine === asked) { view.innerHTML = ""; showError(err); } }
 }
 
 function download(name, text, type) {
@@ -151,6 +166,7 @@ document.getElementById("export").addEventListener("click", async () => {
     for (const f of doc.files) download(f.name, f.text, "text/plain");
   } catch (err) { showError(err); }
 });
+document.getElementById("plan-button").addEventListener("click", () => { planOpen = true; clearErrors(); plan(); });
 document.getElementById("report").addEventListener("click", async () => {
   clearErrors();
   try {
@@ -218,7 +234,8 @@ def page() -> str:
             f'<select id="format">{_options(EXPORT_FORMATS, blank=None)}</select>'
             '<button type="button" id="export">export the config</button>'
             '<button type="button" id="report">download the HTML report</button>'
+            '<button type="button" id="plan-button">plan: the fastest configurations that fit</button>'
             '<span id="status"></span></div>',
-            '<p class="err" id="general-error"></p>', '<div id="result"></div>', '<pre id="export-text"></pre>',
+            '<p class="err" id="general-error"></p>', '<div id="result"></div>', '<div id="plan"></div>', '<pre id="export-text"></pre>',
             SCRIPT]
     return html_page("memfit serve", body)
