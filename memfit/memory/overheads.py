@@ -10,7 +10,6 @@ from memfit.facts.catalog import GpuSpec
 from memfit.facts.runtime import Runtime
 
 MiB = 2**20
-GiB = 2**30
 
 # cuBLAS workspace per (handle, stream), allocated through the caching allocator (so it is in
 # max_memory_allocated): 4096*1024*2 + 16*1024*8 bytes below sm90, 32 MiB on sm90; plus 1 MiB cuBLASLt.
