@@ -44,8 +44,10 @@ from format_cases import CASES  # noqa: E402
 # --- seeds -----------------------------------------------------------------------------------------------
 
 LAUNCH_EXAMPLES = HERE.parent / "formats" / "launch_examples"  # launch scripts: named from examples/ as ../launch_examples/
+AXOLOTL_EXAMPLES = HERE.parent / "formats" / "axolotl_examples"  # read-only format: not among the rewritable cases
 SEED_FILES = sorted(str(p.relative_to(EXAMPLES)) for p in EXAMPLES.rglob("*") if p.is_file()) + sorted(
-    f"../launch_examples/{p.relative_to(LAUNCH_EXAMPLES)}" for p in LAUNCH_EXAMPLES.rglob("*") if p.is_file())
+    f"../launch_examples/{p.relative_to(LAUNCH_EXAMPLES)}" for p in LAUNCH_EXAMPLES.rglob("*") if p.is_file()) + sorted(
+    f"../axolotl_examples/{p.relative_to(AXOLOTL_EXAMPLES)}" for p in AXOLOTL_EXAMPLES.rglob("*") if p.is_file())
 GPUS_FOR = {name: opts.get("gpus") for name, (opts, _) in CASES.items()}
 
 _LLAMA = {"model_type": "llama", "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
@@ -454,6 +456,7 @@ def _examples_copy() -> Path:
     atexit.register(shutil.rmtree, folder, True)
     shutil.copytree(EXAMPLES, folder / "examples")
     shutil.copytree(LAUNCH_EXAMPLES, folder / "launch_examples")  # beside examples/, which its scripts name
+    shutil.copytree(AXOLOTL_EXAMPLES, folder / "axolotl_examples")
     return folder / "examples"
 
 

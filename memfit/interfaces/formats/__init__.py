@@ -5,7 +5,7 @@
     print(diff(files))                                      # unified diff of every file that changed
 
 Formats: DeepSpeed JSON, LLaMA-Factory YAML (+ the DeepSpeed JSON it names), OpenRLHF command
-lines (all flag styles), accelerate config YAML, HF TrainingArguments / TRL SFT and DPO configs
+lines (all flag styles), accelerate config YAML, axolotl YAML (read only), HF TrainingArguments / TRL SFT and DPO configs
 (JSON or YAML). Writers change only what changed, keep comments and key order, re-read their own
 output, and refuse (MemfitError) a knob the format cannot say. `validate.py` checks written files
 with the frameworks' own code. The core needs only PyYAML.
@@ -20,11 +20,11 @@ from pathlib import Path
 from memfit.errors import MemfitError
 from memfit.facts.engines.deepspeed import overlap
 from memfit.facts.knobs import acts, knobs, said_by
-from memfit.interfaces.formats import accelerate, deepspeed, hf, launch, llamafactory, openrlhf, yamltext
+from memfit.interfaces.formats import accelerate, axolotl, deepspeed, hf, launch, llamafactory, openrlhf, yamltext
 from memfit.interfaces.formats.base import ImportedConfig, WrittenFile, read_text
 
 MODULES = {"deepspeed": deepspeed, "llamafactory": llamafactory, "openrlhf": openrlhf, "accelerate": accelerate,
-           "hf": hf, "launch": launch}
+           "hf": hf, "launch": launch, "axolotl": axolotl}
 FORMATS = tuple(MODULES)
 
 __all__ = ["FORMATS", "ImportedConfig", "WrittenFile", "detect_format", "diff", "export_scenario", "exportable",
@@ -62,19 +62,35 @@ def detect_format(text: str, name: str = "") -> str:
         if isinstance(doc, dict):
             if "compute_environment" in doc or "distributed_type" in doc:
                 return "accelerate"
+            if _is_axolotl(doc):
+                return "axolotl"
             if "stage" in doc or "finetuning_type" in doc or "cutoff_len" in doc or "lora_target" in doc:
                 return "llamafactory"
             return "hf"
         if suffix in (".yaml", ".yml"):
             return _yaml_guess(text)
     raise MemfitError(f"{name or 'config'}: cannot tell the format; memfit reads DeepSpeed JSON, LLaMA-Factory "
-                      "YAML, OpenRLHF commands, accelerate YAML and TrainingArguments / TRL configs")
+                      "YAML, axolotl YAML, OpenRLHF commands, accelerate YAML and TrainingArguments / TRL configs")
+
+
+# axolotl's own keys beside base_model (HF / TRL and LLaMA-Factory files have none of them)
+_AXOLOTL_KEYS = ("sequence_len", "micro_batch_size", "adapter", "sample_packing", "lora_target_linear")
+
+
+def _is_axolotl(doc: dict) -> bool:
+    if "base_model" not in doc:
+        return False
+    datasets = doc.get("datasets")
+    typed = isinstance(datasets, list) and any(isinstance(d, dict) and "type" in d for d in datasets)
+    return typed or any(k in doc for k in _AXOLOTL_KEYS)
 
 
 def _yaml_guess(text: str) -> str:
     """A YAML file that does not parse: guess from its keys so the right reader reports the error."""
     if "compute_environment" in text or "distributed_type" in text:
         return "accelerate"
+    if re.search(r"(?m)^base_model:", text) and re.search(r"(?m)^(sequence_len|micro_batch_size|adapter):", text):
+        return "axolotl"
     if "finetuning_type" in text or "cutoff_len" in text or "\nstage:" in "\n" + text:
         return "llamafactory"
     return "hf"
@@ -162,6 +178,8 @@ def sayable(imported: ImportedConfig) -> frozenset[str]:
     and the rest (buckets) is what HF's "auto" gives."""
     if imported.format == "launch":
         raise launch.not_written(imported)
+    if imported.format == "axolotl":
+        raise axolotl.not_written(imported)
     if imported.format == "accelerate" and "deepspeed" not in imported.companions:
         return said_by("accelerate")
     return exportable(imported.format)
@@ -180,6 +198,8 @@ def knobs_from_scenario(scenario) -> dict:
 def export_scenario(scenario, format: str, *, model_name: str | None = None, **options) -> list[WrittenFile]:
     """Fresh file(s) in `format` that say `scenario`'s knobs (only what that format states; what it
     leaves to the framework's defaults is not written). LLaMA-Factory with DeepSpeed gives two files."""
+    if format == "axolotl":
+        raise MemfitError("memfit does not write axolotl YAML yet (it reads it: `memfit estimate --from`)")
     said = exportable(format) if format in MODULES else frozenset()
     knobs_ = {k: v for k, v in knobs_from_scenario(scenario).items() if k in said}
     model = model_name or scenario.model.id
