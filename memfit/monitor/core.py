@@ -5,6 +5,12 @@
             ...train step...
             mon.step(tokens=batch["input_ids"].numel())
 
+Phase marks split the step's peak by phase (`"phase_peaks"` in the step's line, absent when none was marked):
+
+            mon.phase("forward");  loss = model(batch).loss
+            mon.phase("backward"); loss.backward()
+            with mon.phase("optimizer_step"): opt.step()   # or mon.phase(...) alone: it runs to the next mark
+
 It must never break the training it watches: every exception inside it is caught, counted, reported once
 on stderr, and the monitor then turns itself off. torch is read from sys.modules or imported inside
 functions, so `import memfit.monitor` works without torch."""
@@ -16,7 +22,9 @@ import os
 import sys
 import time
 
+from memfit.breakdown import PHASES
 from memfit.monitor import probes
+from memfit.monitor.phases import PhaseClock
 
 SCHEMA = "memfit.monitor/1"
 # one encoder made once: json.dumps(separators=...) builds a new encoder per call, a third of the step cost
@@ -70,6 +78,7 @@ class MemoryMonitor:
         self._steps = 0
         self._last = None
         self._host = None
+        self._phases = None  # PhaseClock, made at start
 
     def __enter__(self):
         self.start()
@@ -92,7 +101,30 @@ class MemoryMonitor:
             self._host.peak_rss(reset=True)  # the first step's peak starts here, not at process start
         self.file = rank_path(self.path, self.rank, self.world_size)
         self._fd = os.open(self.file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._phases = PhaseClock(self.cuda, self._host)
         self._last = time.perf_counter()
+
+    def phase(self, name: str) -> "_PhaseMark":
+        """Start phase `name` (one of memfit's phases: load, forward, backward, optimizer_step, checkpoint_save,
+        resume); it runs to the next mark, to the end of a `with` block, or to step(). A phase marked several
+        times in a step (gradient accumulation's micro-batches) keeps its highest peak."""
+        self._mark(name)
+        return _PhaseMark(self)
+
+    @contained
+    def _mark(self, name) -> None:
+        if name not in PHASES:
+            raise ValueError(f"unknown phase {name!r}; memfit's phases are {', '.join(PHASES)}")
+        if self._fd is None:
+            self.start()
+        if self._phases is not None:
+            self._phases.mark(name)
+
+    @contained
+    def end_phase(self) -> None:
+        """End the phase running now without starting another (what follows counts in the step's peak only)."""
+        if self._phases is not None:
+            self._phases.mark(None)
 
     @contained
     def step(self, tokens=None) -> None:
@@ -105,6 +137,7 @@ class MemoryMonitor:
                 return
         self._steps += 1
         seconds, self._last = begin - self._last, begin
+        self._phases.mark(None)  # the phase running now ends with the step
         if self._steps % self.every == 0:
             self._write(self._sample(self._steps, seconds, None if tokens is None else int(tokens)))
         self.monitor_seconds += time.perf_counter() - begin
@@ -112,17 +145,24 @@ class MemoryMonitor:
     def _sample(self, step: int, seconds: float, tokens: int | None) -> dict:
         line = {"schema": SCHEMA, "rank": self.rank, "world_size": self.world_size, "step": step,
                 "time": time.time(), "step_seconds": round(seconds, 6), "tokens": tokens}
+        clock = self._phases
         if self.cuda:
-            line.update(device_kind="cuda", **probes.cuda_sample(), allocated_source="cuda",
-                        host_peak_rss_bytes=None)
+            cuda = probes.cuda_sample()
+            # phase marks reset torch's peak: the step's peak is also the highest one read at a mark
+            cuda["peak_allocated_bytes"] = clock.with_window(cuda["peak_allocated_bytes"], per_step=True)
+            line.update(device_kind="cuda", **cuda, allocated_source="cuda", host_peak_rss_bytes=None)
         else:
             # the CPU is the device: malloc's bytes in use are the live tensors; the peak is the RSS high-water
             # mark (there is no allocator peak to read), and nothing is "reserved" as on CUDA
             allocated = self._host.malloc_in_use()
+            peak = clock.with_window(self._host.peak_rss(reset=self.cpu_step_peaks), per_step=self.cpu_step_peaks)
             line.update(device_kind="cpu", allocated_bytes=allocated, reserved_bytes=None,
                         peak_allocated_bytes=None, allocated_source="malloc" if allocated is not None else None,
-                        host_peak_rss_bytes=self._host.peak_rss(reset=self.cpu_step_peaks))
+                        host_peak_rss_bytes=peak)
         line.update(device_total_bytes=self.device_total, host_rss_bytes=self._host.rss())
+        peaks = clock.take()
+        if peaks:
+            line["phase_peaks"] = peaks
         return line
 
     def _write(self, line: dict) -> None:
@@ -148,3 +188,18 @@ class MemoryMonitor:
                   file=sys.stderr)
         self.disabled = True
         self.close()
+
+
+class _PhaseMark:
+    """What mon.phase() returns: `with mon.phase("optimizer_step"):` ends the phase at the block's end."""
+    __slots__ = ("mon",)
+
+    def __init__(self, mon: MemoryMonitor):
+        self.mon = mon
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.mon.end_phase()
+        return False

@@ -138,13 +138,19 @@ def print_report(report: dict) -> None:
         print(f"vs memfit's estimate: {vs['why']}")
     for basis, row in (vs or {}).items() if vs and vs["available"] else ():
         if isinstance(row, dict):
-            word = "UNDER-predicted" if row["under_predicted"] else "covered"
-            print(f"vs memfit's estimate ({basis}, peak in {vs['peak_phase']}): measured {_gib(row['measured_bytes'])} "
-                  f"GiB, estimate {_gib(row['estimate_bytes'])} GiB ({row['error_pct']:+.1f}%): {word}")
+            print(f"vs memfit's estimate ({basis}, peak in {vs['peak_phase']}): {_versus(row)}")
+    for row in (vs or {}).get("by_phase", ()):
+        print(f"  {row['phase']} (allocated peak of the phase): {_versus(row)}")
     for f in report["findings"]:
         print(describe(f))
         print("  likely causes: " + "; ".join(f["causes"]))
         print("  knobs: " + "; ".join(f["knobs"]))
+
+
+def _versus(row: dict) -> str:
+    word = "UNDER-predicted" if row["under_predicted"] else "covered"
+    pct = "" if row["error_pct"] is None else f" ({row['error_pct']:+.1f}%)"
+    return f"measured {_gib(row['measured_bytes'])} GiB, estimate {_gib(row['estimate_bytes'])} GiB{pct}: {word}"
 
 
 def describe(f: dict) -> str:

@@ -149,12 +149,27 @@ def vs_estimate(ranks: dict[int, list[Sample]], e) -> dict:
     used = [s.device_used for s in samples if s.device_used is not None]
     if used:
         out["device_total"] = _against(e.device_total.peak.total, max(used))
+    by_phase = _by_phase([s for s in samples if s.peak_allocated is not None], e.allocated.phases)
+    if by_phase:
+        out["by_phase"] = by_phase
     return out
 
 
+def _by_phase(samples: list[Sample], estimated: dict) -> list[dict]:
+    """Each phase both the run marked and the estimate has, in the estimate's order: its highest peak over ranks
+    and steps against the estimate's allocated bytes at that phase's peak. A list of rows (not a dict beside
+    `allocated`): readers of vs_estimate take its dict values as the overall comparisons."""
+    measured: dict[str, int] = {}
+    for s in samples:
+        for name, peak in (s.phase_peaks or {}).items():
+            measured[name] = max(measured.get(name, 0), peak)
+    return [{"phase": name, **_against(b.total, measured[name])} for name, b in estimated.items() if name in measured]
+
+
 def _against(estimate: int, measured: int) -> dict:
-    return {"estimate_bytes": estimate, "measured_bytes": measured,
-            "error_pct": round(100.0 * (estimate - measured) / measured, 2), "under_predicted": measured > estimate}
+    return {"estimate_bytes": estimate, "measured_bytes": measured,  # a measured 0 (an empty phase): no error %
+            "error_pct": round(100.0 * (estimate - measured) / measured, 2) if measured else None,
+            "under_predicted": measured > estimate}
 
 
 def watch_report(ranks: dict[int, list[Sample]], capacity: int | None = None, estimate=None) -> dict:

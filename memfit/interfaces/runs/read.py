@@ -10,6 +10,7 @@ import math
 import os
 from dataclasses import dataclass
 
+from memfit.breakdown import PHASES
 from memfit.errors import MemfitError
 
 SCHEMA = "memfit.monitor/1"
@@ -32,6 +33,7 @@ class Sample:
     device_total: int | None
     host_rss: int | None
     device_used: int | None = None  # CUDA: the driver's used bytes (torch's reserved + context, NCCL)
+    phase_peaks: dict[str, int] | None = None  # the peak of each phase the run marked (CUDA: allocated)
 
     @property
     def peak(self) -> int | None:
@@ -107,7 +109,21 @@ def parse_line(raw: bytes, where: str) -> Sample:
                   allocated=_int(d.get("allocated_bytes")), reserved=_int(d.get("reserved_bytes")),
                   peak_allocated=_int(d.get("peak_allocated_bytes")), host_peak_rss=_int(d.get("host_peak_rss_bytes")),
                   device_total=_int(d.get("device_total_bytes")), host_rss=_int(d.get("host_rss_bytes")),
-                  device_used=_int(d.get("device_used_bytes")))
+                  device_used=_int(d.get("device_used_bytes")), phase_peaks=_phase_peaks(d.get("phase_peaks"), where))
+
+
+def _phase_peaks(v, where: str) -> dict[str, int] | None:
+    """Optional (lines of runs that marked no phase have none): memfit's phase names to bytes."""
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise MemfitError(f"{where}: phase_peaks must be an object of phase -> bytes, got {v!r}")
+    for name, peak in v.items():
+        if name not in PHASES:
+            raise MemfitError(f"{where}: phase_peaks has unknown phase {name!r} (memfit's phases: {', '.join(PHASES)})")
+        if not _is_int(peak) or peak < 0:
+            raise MemfitError(f"{where}: phase_peaks[{name!r}] must be a whole number of bytes >= 0, got {peak!r}")
+    return dict(v)
 
 
 def _is_int(v) -> bool:
