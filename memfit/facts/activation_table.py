@@ -1,17 +1,11 @@
 """activations.toml: what each MLP activation function keeps for backward (counted from the real torch ops)."""
 from __future__ import annotations
 
-import tomllib
-from functools import cache
-from pathlib import Path
-
-HERE = Path(__file__).parent / "data"
+from memfit.facts.data_table import data_table
 
 
-@cache
 def _activations() -> dict:
-    with open(HERE / "activations.toml", "rb") as f:
-        return tomllib.load(f)
+    return data_table("activations.toml")
 
 
 def activation_saved(name: str) -> float:

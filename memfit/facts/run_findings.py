@@ -2,17 +2,11 @@
 data/run_findings.toml (facts, not code)."""
 from __future__ import annotations
 
-import tomllib
-from functools import cache
-from pathlib import Path
-
-TABLE = Path(__file__).parent / "data" / "run_findings.toml"
+from memfit.facts.data_table import data_table
 
 
-@cache
 def table() -> dict:
-    with TABLE.open("rb") as f:
-        return tomllib.load(f)
+    return data_table("run_findings.toml")
 
 
 def thresholds() -> dict:

@@ -3,15 +3,11 @@ allocator slack, the host baseline of a process). Defaults come from data/runtim
 by `memfit calibrate` replaces them with what the user's own runs showed, and says so in `source`."""
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, fields
 from functools import cache
-from pathlib import Path
 
 from memfit.errors import MemfitError
-
-HERE = Path(__file__).resolve().parent / "data"
-
+from memfit.facts.data_table import data_table
 
 @dataclass(frozen=True)
 class Runtime:
@@ -40,6 +36,4 @@ class Runtime:
 
 @cache
 def default_runtime() -> Runtime:
-    with open(HERE / "runtime.toml", "rb") as f:
-        values = tomllib.load(f)
-    return Runtime(**values)
+    return Runtime(**data_table("runtime.toml"))

@@ -11,12 +11,13 @@ estimate is the steady state, so they are left out of the peak comparison, not o
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from net_support import free_port
 
 from memfit.interfaces.cli.args import scenario_from_args
 from memfit.interfaces.cli.main import build_parser, main
@@ -44,19 +45,13 @@ def _lengths() -> list[int]:
     return out
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lengths")
     (folder / "tiny").mkdir()
     (folder / "tiny" / "config.json").write_text(json.dumps(TINY_LLAMA))
     (folder / "lengths.txt").write_text("\n".join(map(str, _lengths())))
-    port = _port()
+    port = free_port()
     # a fixed mmap threshold: freed tensors go back to the OS, so each step's RSS peak is that step's own
     env = os.environ | {"WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                         "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}

@@ -1,19 +1,14 @@
 """Issue 13: on 2 gloo ranks (a real DDP run over torch.distributed), one rank fed long samples is reported as
 imbalance that follows the ranks' tokens; one rank that leaks as imbalance that does not, with growth on it."""
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from net_support import free_port
+
 HERE = Path(__file__).resolve().parent
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +16,7 @@ def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("gloo")
     for case in ("long", "leak"):
         done = subprocess.run([sys.executable, str(HERE / "gloo_loop.py"), str(folder / f"{case}.jsonl"), case,
-                               str(_port())], capture_output=True, text=True, timeout=300)
+                               str(free_port())], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
     return folder
 

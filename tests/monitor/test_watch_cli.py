@@ -141,3 +141,10 @@ def test_a_cpu_run_says_why_it_has_no_comparison(tmp_path, watch_json):
                                                     host_peak_rss_bytes=2 * GiB) for s in range(1, 4)))
     doc = watch_json(run, "--estimate-from", str(LF_LORA), "--gpu", "a100-80gb")
     assert doc["vs_estimate"]["available"] is False and "CPU" in doc["vs_estimate"]["why"]
+
+
+def test_estimate_from_without_a_gpu_is_one_line(tmp_path, watch):
+    """The lines say no device total and --gpu is not given: nothing to estimate on, said in one line."""
+    run = write(tmp_path / "run.jsonl", "".join(line(s, device_total_bytes=None) for s in range(1, 4)))
+    code, out, err = watch(run, "--estimate-from", str(LF_LORA), "--json")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "--gpu" in err

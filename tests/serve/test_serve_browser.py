@@ -5,7 +5,6 @@ value shows its error beside its field. Screenshots go to $MEMFIT_TEST_ARTIFACTS
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ pytest.importorskip("fastapi", reason="memfit[serve] is not installed")
 uvicorn = pytest.importorskip("uvicorn", reason="memfit[serve] is not installed")
 
 from browser_support import CHROMIUM, artifacts, sync_playwright_or_skip  # noqa: E402
+from net_support import free_port  # noqa: E402
 from memfit.interfaces.serve.app import create_app  # noqa: E402
 
 LLAMA_YAML = (Path(__file__).resolve().parent.parent / "formats" / "examples" / "llamafactory" / "examples"
@@ -27,9 +27,7 @@ QWEN_TYPED = {"gpus_per_node": "4", "seq_len": "128", "micro_batch": "4"}
 
 @pytest.fixture(scope="module")
 def server():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     srv = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()

@@ -2,14 +2,10 @@
 memfit/facts/data/failure_sites.toml; this module only matches."""
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
 
-import memfit.facts
+from memfit.facts.data_table import data_table
 
-TABLE = Path(memfit.facts.__file__).resolve().parent / "data" / "failure_sites.toml"
 NO_PHASE = "steps"  # a marker that says "in the training loop": the phase is not known from the log
 
 
@@ -19,10 +15,8 @@ class Frame:
     function: str
 
 
-@cache
 def table() -> dict:
-    with TABLE.open("rb") as f:
-        return tomllib.load(f)
+    return data_table("failure_sites.toml")
 
 
 def thresholds() -> dict:
