@@ -72,6 +72,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import accuracy  # noqa: E402
 import peer_fitcheck  # noqa: E402
 import published  # noqa: E402
+from shared_cases import PUBLISHED  # noqa: E402
 
 from memfit.facts.catalog import ModelSpec  # noqa: E402
 from memfit.errors import MemfitError  # noqa: E402
@@ -81,7 +82,7 @@ from memfit.facts.versions import installed  # noqa: E402
 GIB = 2**30
 PEERS = ("deepspeed", "accelerate", "llm-analysis", "fitcheck")
 LLM_ANALYSIS_PYTHON = os.environ.get("MEMFIT_LLM_ANALYSIS_PYTHON", "/tmp/llm-analysis-venv/bin/python")
-DEFAULT_CASES = ROOT.parent / "shared" / "cases" / "published.jsonl"
+DEFAULT_CASES = PUBLISHED
 
 
 @dataclass

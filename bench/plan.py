@@ -38,6 +38,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from published import Skip, scenario_for  # noqa: E402
+from shared_cases import USER_REPORTS  # noqa: E402
 
 from memfit.facts.catalog import find_gpu, find_model  # noqa: E402
 from memfit.errors import MemfitError  # noqa: E402
@@ -50,7 +51,7 @@ from memfit.facts.scenario import Hardware  # noqa: E402
 from memfit.facts.versions import installed  # noqa: E402
 from memfit.interfaces.render.common import show  # noqa: E402
 
-DEFAULT_CASES = HERE.parent.parent / "shared" / "cases" / "user-reports.jsonl"
+DEFAULT_CASES = USER_REPORTS
 TOP = 3
 UNSTATED_SEQ = 2048
 RATIO_SUB_GROUP = 100_000_000  # the sub_group_size tests/test_user_reports.py gives ratio 0.9 to act on

@@ -27,6 +27,7 @@ from memfit.facts.methods import several_models  # noqa: E402
 from memfit.facts.scenario import Hardware  # noqa: E402
 from memfit.facts.versions import installed  # noqa: E402
 from memfit.interfaces.render.common import show  # noqa: E402
+from shared_cases import PUBLISHED  # noqa: E402
 
 NUMERIC_BASES = ("allocated", "active", "reserved", "device_total", "unknown")
 # Which estimate profile answers each basis; "active" is torch's peak active bytes, about allocated;
@@ -463,7 +464,7 @@ def read_cases(path: Path) -> list:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cases", default=str(Path(__file__).resolve().parents[2] / "shared/cases/published.jsonl"))
+    p.add_argument("--cases", default=str(PUBLISHED))
     p.add_argument("--summary-json", action="store_true")
     a = p.parse_args()
     try:

@@ -1,5 +1,7 @@
 import os
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -7,6 +9,8 @@ from memfit.facts.catalog import find_gpu, find_model
 from memfit.facts.profiles import build_scenario
 from memfit.facts.scenario import Hardware
 
+# the benches' modules (shared_cases, published, ...) for the tests that check them
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 # the planner's search stops at a wall-clock deadline; on a loaded machine that would change the plans tested
 os.environ.setdefault("MEMFIT_PLAN_DEADLINE", "300")
 # a machine profile of the developer's own (memfit calibrate --save) would change every estimate: none is read

@@ -4,6 +4,7 @@ import pytest
 from memfit.facts.catalog import find_gpu, find_model, gpus, models
 from memfit.errors import MemfitError
 from memfit.memory.inventory import count_params
+from shared_cases import CASES as SHARED_CASES
 
 
 @pytest.mark.parametrize("model", models(), ids=lambda m: m.id)
@@ -43,9 +44,8 @@ def test_unknown_model_names_close_matches():
 def test_every_model_named_in_the_cases_is_in_the_catalog():
     import json
     import re
-    from pathlib import Path
 
-    shared = Path(__file__).resolve().parents[2] / "shared" / "cases"
+    shared = SHARED_CASES
     for file in ("published.jsonl", "user-reports.jsonl"):
         for line in (shared / file).read_text().splitlines():
             name = re.sub(r"\s*\(.*\)$", "", json.loads(line)["model"]).strip()

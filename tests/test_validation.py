@@ -14,6 +14,7 @@ from memfit.facts.profiles import build_scenario
 from memfit.facts.scenario import Hardware
 from memfit.interfaces.cli.main import main
 from memfit.roles.estimate import estimate
+from shared_cases import CASES as SHARED_CASES
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ["estimate", "qwen2-7b", "--gpu", "rtx4090"]
@@ -58,7 +59,7 @@ def _real_values() -> dict[str, list[int]]:
             "lora_rank": "lora_rank", "lora_alpha": "lora_alpha", "num_gpus": "gpus_per_node"}
     out: dict[str, list[int]] = {k: [] for k in keys.values()}
     for name in ("published.jsonl", "user-reports.jsonl"):
-        for line in (ROOT.parent / "shared" / "cases" / name).read_text().splitlines():
+        for line in (SHARED_CASES / name).read_text().splitlines():
             case = json.loads(line) if line.strip() else {}
             for key, knob in keys.items():
                 if isinstance(case.get(key), int):

@@ -10,8 +10,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import published  # noqa: E402
+from shared_cases import PUBLISHED  # noqa: E402
 
-CASES = Path(published.__file__).resolve().parents[2] / "shared" / "cases" / "published.jsonl"
+CASES = PUBLISHED
 REAL = [json.loads(line) for line in CASES.read_text().splitlines() if line.strip()]
 
 

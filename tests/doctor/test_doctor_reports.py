@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from memfit.interfaces.cli.main import main
+from shared_cases import USER_REPORTS
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
-CASES = ROOT.parent / "shared" / "cases" / "user-reports.jsonl"
+CASES = USER_REPORTS
 EX = ROOT / "tests" / "formats" / "examples"
 
 

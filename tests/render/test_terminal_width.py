@@ -11,9 +11,10 @@ from rich.console import Console
 from rich.table import Table
 
 from memfit.interfaces.render.common import show
+from shared_cases import PUBLISHED
 
 ROOT = Path(__file__).resolve().parents[2]
-CASES = ROOT.parent / "shared" / "cases" / "published.jsonl"
+CASES = PUBLISHED
 QWEN_REPORT = ["plan", "Qwen/Qwen2-7B-Instruct", "--gpu", "rtx4090", "--gpus", "4", "--zero", "3", "--micro-batch", "4",
                "--seq", "128"]
 
