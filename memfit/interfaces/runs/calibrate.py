@@ -57,16 +57,23 @@ def calibrate(by_rank: dict[int, list], e, runtime: Runtime) -> Calibration:
     return out
 
 
+def cpu_run_rss(e, phase: str | None = None) -> int:
+    """A CPU run's process RSS per rank as the estimate places it: the rank's host bytes (its baseline included)
+    and the bytes the estimate puts on the device, which on a CPU run is host memory too. `phase` None: the step's
+    peak (what a monitor's per-step RSS high-water mark measures)."""
+    device = e.allocated.peak if phase is None else e.allocated.phases[phase]
+    host = e.host.phases[STEADY_PHASE].total / e.scenario.hardware.gpus_per_node
+    return int(host + device.total - device.get("runtime_overhead"))  # the cuBLAS workspace exists only on CUDA
+
+
 def _host_baseline(out: Calibration, by_rank: dict, e, runtime: Runtime) -> None:
     rss = _median([_median([s.host_rss for s in _steady(v)]) for v in by_rank.values()])
     if rss is None:
         return
-    per_node = e.scenario.hardware.gpus_per_node
-    host_other = e.host.phases[STEADY_PHASE].total / per_node - runtime.process_host_baseline
+    host_other = e.host.phases[STEADY_PHASE].total / e.scenario.hardware.gpus_per_node - runtime.process_host_baseline
     device = 0
     if out.device_kind == "cpu":
-        steady = e.allocated.phases[STEADY_PHASE]
-        device = steady.total - steady.get("runtime_overhead")  # the cuBLAS workspace exists only on CUDA
+        device = cpu_run_rss(e, STEADY_PHASE) - runtime.process_host_baseline - host_other
     baseline = int(rss - host_other - device)
     if baseline <= 0:
         raise MemfitError(f"the run's host RSS ({rss / GIB:.2f} GiB per rank) is below what the estimate places in "
