@@ -16,7 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-EXTRAS = "test,trace,measure,validate,hub,peers,serve"  # the README's test command installs these
+EXTRAS = "test,trace,measure,validate,hub,peers,serve,monitor,data"  # the README's test command installs these
 HEADER = ("# Written by tools/lock.py from the environment the suite passed in; do not edit by hand.\n"
           "# pip install -c constraints.txt ... (README, .ci/run)\n")
 

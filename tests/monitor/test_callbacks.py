@@ -1,11 +1,7 @@
-"""The HF Trainer callback on a tiny Llama built from a config, and the Lightning callback's logic."""
+"""The HF Trainer callback on a tiny Llama built from a config (the Lightning callback: test_lightning.py)."""
 import json
-import sys
-import types
 
 import torch
-
-from memfit.monitor import lightning_callback
 
 SEQ, BATCH = 16, 2
 
@@ -29,21 +25,3 @@ def test_hf_trainer_callback_writes_one_line_per_step_with_tokens(tmp_path):
     assert all(x["tokens"] == BATCH * SEQ and x["allocated_bytes"] > 0 for x in lines)
     assert cb.monitor.errors == 0
 
-
-def test_lightning_callback_steps_once_per_optimizer_step(tmp_path, monkeypatch):
-    # Lightning is not installed here: a stand-in module with its Callback base, driven the way its loop does
-    base = type("Callback", (), {})
-    pkg, sub = types.ModuleType("lightning"), types.ModuleType("lightning.pytorch")
-    sub.Callback, pkg.pytorch = base, sub
-    monkeypatch.setitem(sys.modules, "lightning", pkg)
-    monkeypatch.setitem(sys.modules, "lightning.pytorch", sub)
-    cb = lightning_callback(tmp_path / "run.jsonl")
-    assert isinstance(cb, base)
-    trainer = types.SimpleNamespace(global_rank=0, global_step=0)
-    cb.on_train_start(trainer, None)
-    for i in range(4):  # gradient accumulation 2: the optimizer steps after every second batch
-        trainer.global_step = (i + 1) // 2
-        cb.on_train_batch_end(trainer, None, None, {"input_ids": torch.zeros(2, 5 + i, dtype=torch.long)}, i)
-    cb.on_train_end(trainer, None)
-    lines = [json.loads(x) for x in (tmp_path / "run.jsonl").read_text().splitlines()]
-    assert [(x["step"], x["tokens"]) for x in lines] == [(1, 10 + 12), (2, 14 + 16)]

@@ -169,7 +169,8 @@ CSS = """
   :root { --s0: #6fa0d8; --s1: #ffa552; --s2: #7fcf74; --s3: #d5a0c8; --s4: #ff8a87; --s5: #8fd3ce;
     --s6: #c49a80; --s7: #f5d76e; }
 }
-svg .series { stroke-width: 2; } svg .vmark { stroke: var(--mark); stroke-width: 1.5; stroke-dasharray: 3 3; }
+svg .series { stroke-width: 2; }
+svg polyline.fit { stroke-dasharray: 7 4; } svg polyline.projection { stroke-dasharray: 2 4; } svg .vmark { stroke: var(--mark); stroke-width: 1.5; stroke-dasharray: 3 3; }
 svg circle.dot { stroke: var(--bg); stroke-width: 1; }
 svg circle.dot.fits { fill: var(--fits); } svg circle.dot.tight { fill: var(--tight); }
 svg circle.dot.oom, svg circle.dot.host_oom { fill: var(--oom); }

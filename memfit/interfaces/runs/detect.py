@@ -15,6 +15,7 @@ WATCH_SCHEMA = "memfit.watch/1"
 @dataclass
 class Fit:
     slope: float
+    intercept: float
     r2: float
     t: float  # slope / its standard error; inf for an exact line
     n: int
@@ -35,7 +36,7 @@ def fit_line(xs: list[float], ys: list[float]) -> Fit | None:
     r2 = 1.0 - sse / syy if syy > 0 else 0.0
     se = math.sqrt(sse / (n - 2) / sxx)
     t = slope / se if se > 0 else (math.inf if slope else 0.0)
-    return Fit(slope, r2, t, n)
+    return Fit(slope, my - slope * mx, r2, t, n)
 
 
 def warmup(n: int) -> int:
@@ -54,18 +55,21 @@ def growth(rank: int, samples: list[Sample], capacity: int | None) -> dict | Non
         f = fit_line([p[0] for p in pts], [p[1] for p in pts]) if len(pts) >= th["growth_min_points"] else None
         if (f and f.slope >= th["growth_min_bytes_per_step"] and f.r2 >= th["growth_min_r2"]
                 and f.t >= th["growth_min_t"] and (best is None or f.t > best[1].t)):
-            best = (series, f)
+            best = (series, f, pts[0][0], pts[-1][0])
     if best is None:
         return None
-    series, f = best
+    series, f, first, end = best
     last = samples[-1]
     out = {"kind": "growth", "rank": rank, "series": series, "bytes_per_step": round(f.slope, 1),
            "r2": round(f.r2, 4), "t": None if math.isinf(f.t) else round(f.t, 1), "steps_fitted": f.n,
            "warmup_steps": len(samples) - len(fitted), "capacity_bytes": capacity, "steps_to_capacity": None,
-           "reaches_capacity_at_step": None}
+           "reaches_capacity_at_step": None,
+           # the fitted line at the first and last fitted steps ([step, bytes]): what the HTML page draws
+           "fitted_line": [[s, round(f.intercept + f.slope * s)] for s in (first, end)], "projection": None}
     if capacity and last.peak is not None:
         left = max(0.0, (capacity - last.peak) / f.slope)
-        out.update(steps_to_capacity=math.ceil(left), reaches_capacity_at_step=last.step + math.ceil(left))
+        out.update(steps_to_capacity=math.ceil(left), reaches_capacity_at_step=last.step + math.ceil(left),
+                   projection=[[last.step, last.peak], [last.step + math.ceil(left), capacity]])
     return {**out, **finding("growth")}
 
 
