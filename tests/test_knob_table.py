@@ -26,7 +26,7 @@ def _subparsers():
 
 def test_scenario_fields_are_the_knobs():
     fields = [f.name for f in dataclasses.fields(Scenario)]
-    assert fields == ["model", "hardware", *knobs(), "profile", "assumed"]
+    assert fields == ["model", "hardware", *knobs(), "profile", "releases", "assumed"]
 
 
 def test_every_flag_is_a_knob_or_a_command_option():

@@ -30,6 +30,17 @@ def framework_facts(profile: str) -> dict:
     return framework(profile).methods
 
 
+def run_methods(s) -> dict:
+    """How this run's framework runs preference / RL methods: the profile's [methods], with what the releases the
+    user named change (data/releases.toml; none named = the pinned releases, the profile as it is)."""
+    fw = framework_facts(s.profile)
+    if not s.releases:
+        return fw
+    from memfit.facts.releases import release_facts
+
+    return fw | release_facts(s.profile, s.releases).methods
+
+
 def logits_facts(kind: str) -> dict:
     return facts()["logits"][kind]
 

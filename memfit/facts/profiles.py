@@ -74,8 +74,23 @@ def _engine_values(engine: str, given: dict, fw: Framework, model: ModelSpec) ->
     return values
 
 
+def _releases(profile: str, versions: dict) -> tuple[tuple, dict, list[str]]:
+    """The framework releases the user named (data/releases.toml): (package, version) pairs for the Scenario, the
+    knob defaults they set ({knob: (value, "transformers 4.44")}) and what was assumed about them."""
+    if not versions:
+        return (), {}, []
+    from memfit.facts.releases import check_versions, completed, release_facts
+
+    named, notes = completed(check_versions(versions))
+    pairs = tuple(sorted(named.items()))
+    facts = release_facts(profile, pairs)
+    said = ", ".join(f"{n} {v}" for n, v in pairs)
+    return pairs, facts.defaults, [f"framework releases {said}: their facts (data/releases.toml) replace the "
+                                   "pinned releases'", *notes, *facts.notes]
+
+
 def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, profile_name: str = "hf-trainer",
-                   typed: Collection[str] = ()) -> Scenario:
+                   typed: Collection[str] = (), versions: dict | None = None) -> Scenario:
     """`knobs_given` holds what the user said (None or absent = not said); the profile fills the rest. `typed` names
     the knobs the user typed on the command line: one of them that does nothing on this run (its `when` / `needs`
     in the knob table) is an error; any other given knob that does nothing (an inert key of a framework file) is
@@ -85,17 +100,18 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
     for name, value in given.items():  # before the method and engine are looked up by name below
         knobs()[name].check(value)
     fw = framework(profile_name)
-    assumed: list[str] = []
+    releases, by_release, assumed = _releases(profile_name, versions or {})
+    defaults = {name: (value, profile_name) for name, value in fw.defaults.items()} | by_release
     values: dict = {}
     for name, k in knobs().items():
         if k.when in ("deepspeed", "fsdp") or name == "engine":
             continue
         if name in given:
             values[name] = given[name]
-        elif k.profile and name in fw.defaults:
-            values[name] = fw.defaults[name]
-            if k.assumed:
-                assumed.append(f"{name}={fw.defaults[name]} ({profile_name} default)")
+        elif k.profile and name in defaults:
+            values[name] = defaults[name][0]
+            if k.assumed or name in by_release:
+                assumed.append(f"{name}={defaults[name][0]} ({defaults[name][1]} default)")
     method = values.get("method", "sft")
     several = [n for n in acting_when("several") if n in given]
     if not several_models(method) and several:
@@ -107,6 +123,11 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
     engine = _engine(given, fw.defaults, hardware, assumed, profile_name)
     values["engine"] = engine
     values |= _engine_values(engine, given, fw, model)
+    moved = {}  # an engine's defaults that moved between its releases
+    for name, (value, release) in by_release.items():
+        if knobs()[name].when == engine and name not in given:
+            values[name] = value
+            moved[name] = f"{name}={value} ({release} default)"
     upcast = ENGINES[engine].kbit_upcast_default()
     if upcast is not None and "kbit_upcast" not in given:
         values["kbit_upcast"] = upcast
@@ -114,8 +135,10 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
         assumed.append("lora rank=8, targets=all-linear")
     if values.get("tuning") in adapter_methods():
         _peft_defaults(values, given, assumed)
-    s = Scenario(model=model, hardware=hardware, profile=profile_name, assumed=tuple(assumed), **values)
-    notes = _inert(s, given, typed) + _beyond_positions(s) + _machine(hardware)
+    s = Scenario(model=model, hardware=hardware, profile=profile_name, releases=releases, assumed=tuple(assumed),
+                 **values)
+    notes = [text for name, text in moved.items() if inert_because(s, name) is None]  # only where it acts
+    notes += _inert(s, given, typed) + _beyond_positions(s) + _machine(hardware)
     return replace(s, assumed=s.assumed + tuple(notes)) if notes else s
 
 
@@ -175,5 +198,8 @@ def _peft_defaults(values: dict, given, assumed: list[str]) -> None:
     if method == "oft":  # facts/peft_shapes.py OFT_BLOCK_SIZE
         assumed.append("oft: rotation blocks of 32 of each adapted input (PEFT's default oft_block_size; "
                        "the rank knob does not apply)")
+    if method == "boft":  # facts/peft_shapes.py BOFT_BLOCK_SIZE; the CUDA extension is not modelled
+        assumed.append("boft: rotation blocks of 4, one butterfly factor (PEFT's defaults; the rank knob does not "
+                       "apply); PEFT's fbd_cuda extension, where it builds, makes the same I x I rotation")
     if "virtual_tokens" not in given and wraps(method) == "virtual_tokens":
         assumed.append(f"{method}: {values.get('virtual_tokens', 20)} virtual tokens (PEFT has no default)")

@@ -171,8 +171,10 @@ def _field(k: Knob):
 Scenario = make_dataclass(
     "Scenario",
     [("model", ModelSpec), ("hardware", Hardware), *(_field(k) for k in knobs().values()),
-     ("profile", str, field(default="hf-trainer")), ("assumed", tuple, field(default=(), compare=False))],
+     ("profile", str, field(default="hf-trainer")), ("releases", tuple, field(default=())),
+     ("assumed", tuple, field(default=(), compare=False))],
     bases=(_Rules,), frozen=True)
 Scenario.__module__ = __name__
 Scenario.__doc__ = ("A run: `model`, `hardware`, every knob of data/knobs.toml as a field of the same name, the "
-                    "framework `profile` whose defaults filled the unset knobs, and what was `assumed`.")
+                    "framework `profile` whose defaults filled the unset knobs, the framework `releases` given "
+                    "((package, version) pairs; empty = the pinned ones, data/releases.toml), and what was `assumed`.")

@@ -14,6 +14,11 @@ __all__ = ["MeasureResult", "NamedBuffer", "RankMeasurement", "plan", "render", 
 def run_measure(scenario, steps: int = 3, model_dir: str | None = None, **kwargs) -> MeasureResult:
     from memfit.measure.launch import run_measure as _run
 
+    if scenario.releases:  # the engines run here are the installed releases, not the ones the estimate models
+        from memfit.errors import MemfitError
+
+        raise MemfitError("measure runs the installed (pinned) framework releases; drop --framework-version")
+
     return _run(scenario, steps, model_dir, **kwargs)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from memfit.facts.catalog import ModelSpec
 from memfit.facts.error_bands import band_of
-from memfit.facts.methods import framework_facts, method_facts, several_models
+from memfit.facts.methods import method_facts, run_methods, several_models
 from memfit.facts.scenario import Scenario
 from memfit.memory.inventory import count_params
 from memfit.memory.phases import verdict_of
@@ -49,7 +49,7 @@ def _method_assumptions(s: Scenario) -> list[str]:
     """What a several-model estimate rests on: the method's models and the framework's log-prob handling."""
     if not several_models(s.method):
         return []
-    fw = framework_facts(s.profile)
+    fw = run_methods(s)
     return [f"method {s.method}: {method_facts(s.method)['description']}", f"framework facts: {fw['source']}",
             f"log-probs computed as '{fw['logits']}' (data/methods.toml); the --loss setting does not apply"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from memfit.breakdown import PHASES, Breakdown, PhaseProfile
 from memfit.facts.engines import engine_of
-from memfit.facts.methods import framework_facts, method_facts, reference, several_models
+from memfit.facts.methods import method_facts, reference, run_methods, several_models
 from memfit.facts.scenario import Scenario
 from memfit.memory import overheads
 from memfit.memory.activations import attention_per_token
@@ -26,7 +26,7 @@ def place(s: Scenario, notes: list[str]) -> Placement:
     facts = method_facts(s.method)
     rows = s.micro_batch * facts.get("rows_per_example", 1)
     value_head = bool(facts.get("value_head"))
-    kind = framework_facts(s.profile)["logits"] if several_models(s.method) else None
+    kind = run_methods(s)["logits"] if several_models(s.method) else None
     policy = trained_role(s, rows, kind, value_head)
     reserved = reserved_profile(policy.allocated, policy.states, policy.scenario.hardware.runtime)
     ref_kind, why = reference(s)

@@ -13,7 +13,7 @@ from memfit.breakdown import PHASES, Breakdown, PhaseProfile
 from memfit.errors import MemfitError
 from memfit.facts.catalog import find_model
 from memfit.facts.engines import engine_of
-from memfit.facts.methods import framework_facts, generator_facts, method_facts, reference
+from memfit.facts.methods import generator_facts, method_facts, reference, run_methods
 from memfit.facts.scenario import Hardware, Scenario
 from memfit.facts.runtime import Runtime
 from memfit.memory import overheads
@@ -120,7 +120,7 @@ def _role_scenario(s: Scenario, gpus: int, model=None) -> Scenario:
 
 def _models(s: Scenario, notes: list[str]) -> RayRun:
     facts = method_facts(s.method)
-    kind = framework_facts(s.profile)["logits"]
+    kind = run_methods(s)["logits"]
     rollout = s.rollout_micro_batch or 1
     ref_kind, why = reference(s)
     notes.extend(why)

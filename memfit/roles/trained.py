@@ -50,7 +50,7 @@ def logit_terms(s: Scenario, kind: str, tokens: int, value_head: bool, head_trai
     nv = tokens * v
 
     def copies(prefix: str) -> int:
-        return nv * (f.get(f"{prefix}_lowp", 0) * b + f.get(f"{prefix}_fp32", 0) * 4)
+        return int(nv * (f.get(f"{prefix}_lowp", 0) * b + f.get(f"{prefix}_fp32", 0) * 4))  # counts may be x.5
 
     return LogitTerms(copies("forward"), copies("saved"), copies("backward"), copies("nograd"), nv * b)
 

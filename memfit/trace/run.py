@@ -178,6 +178,8 @@ def _host_transfer(acc: Accountant) -> HostTransfer:
 
 # ---------------------------------------------------------------------------------------------- the trace
 def _check_supported(scenario: Scenario) -> None:
+    if scenario.releases:  # the trace runs the installed code; the estimate would model other releases
+        raise MemfitError("trace runs the installed (pinned) framework releases; drop --framework-version")
     if several_models(scenario.method):
         from memfit.trace.dpo import check_supported
 

@@ -77,6 +77,8 @@ def _add(group, k: Knob, positional: bool = False) -> None:
         options |= {"action": "append", "metavar": "FILE",
                     "help": k.help + "; a launch script or command line is followed to its files; repeat --from "
                                      "for several files of one run"}
+    if k.name == "framework_version":  # several releases of one run: --framework-version A --framework-version B
+        options |= {"action": "append", "metavar": "NAME=VERSION|LOCKFILE"}
     group.add_argument(k.flag, *k.aliases, **options)
 
 
@@ -147,6 +149,7 @@ def scenario_and_file(a: argparse.Namespace, hw=None):
 
     from memfit.facts.catalog import find_model
     from memfit.facts.profiles import build_scenario
+    from memfit.interfaces.lockfiles import framework_versions
 
     notes: list[str] = []
     if hw is None:
@@ -163,7 +166,8 @@ def scenario_and_file(a: argparse.Namespace, hw=None):
         model = model or imported.model_name
     if not model:
         raise MemfitError("say which model: a hub id or alias (see `memfit models`), or a file naming one with --from")
-    s = build_scenario(find_model(model), hw, given, profile or "hf-trainer", typed=typed)
+    s = build_scenario(find_model(model), hw, given, profile or "hf-trainer", typed=typed,
+                       versions=framework_versions(getattr(a, "framework_version", None)))
     if imported is not None:
         notes = list(dict.fromkeys(notes + file_notes(imported)))
         s = replace(s, assumed=s.assumed + tuple(notes))

@@ -3,7 +3,6 @@ smallest change that reaches the best fitting plan, plus a diff and the reason f
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from memfit.errors import MemfitError
@@ -14,7 +13,10 @@ from memfit.interfaces.files import UNCHECKED, FileWrite, write_files
 
 def add_fit_command(sub) -> None:
     p = sub.add_parser("fit", help="rewrite a DeepSpeed / LLaMA-Factory / OpenRLHF / accelerate / HF file so the run fits")
-    p.add_argument("file", help="the framework file you launch with")
+    p.add_argument("file", nargs="?", help="the framework file you launch with, or the launch script / command "
+                                           "line (every file it uses is rewritten, as one set)")
+    p.add_argument("--from", dest="from_files", action="append", metavar="FILE",
+                   help="instead of FILE: several files of one run (repeat --from), written as one set")
     p.add_argument("--model", help="the model, when the file does not name one")
     add_hardware_arguments(p)
     p.add_argument("--allow", default="",
@@ -23,7 +25,8 @@ def add_fit_command(sub) -> None:
                         "the tuning, the optimizer and the data of each step; it never changes the global batch "
                         "(micro-batch x accumulation x GPUs; see --global-batch) or the sequence length")
     p.add_argument("--global-batch", type=positive_int, help="keep this global batch (default: the file's)")
-    p.add_argument("--out", default="memfit-fit", help="folder for the rewritten files (default ./memfit-fit)")
+    p.add_argument("--out", default="memfit-fit", help="folder for the rewritten files (default ./memfit-fit; "
+                                                        "a launch's files keep their layout under it)")
     p.add_argument("--in-place", action="store_true",
                    help="overwrite the files themselves (all or none, atomically); each original is kept as "
                         "NAME.memfit-bak, or NAME.memfit-bak.1, .2, ... when that exists: a backup is never overwritten")
@@ -38,12 +41,16 @@ AGREE = 0.02
 
 
 def run_fit(a: argparse.Namespace) -> int:
-    from memfit.interfaces.formats import diff, knobs_from_scenario, sayable
+    from memfit.interfaces.cli.fit_files import fit_files
+    from memfit.interfaces.formats import diff, knobs_from_scenario
     from memfit.interfaces.render.common import gib
     from memfit.planner.plan import Options, baseline
     from memfit.planner.search import fit_allow
 
-    args = argparse.Namespace(**{**blank_arguments(), "model": a.model, "from_file": a.file, "gpu": a.gpu,
+    if bool(a.file) == bool(a.from_files):
+        raise MemfitError("memfit fit takes one FILE or --from FILE (repeated), not both and not neither")
+    args = argparse.Namespace(**{**blank_arguments(), "model": a.model, "from_file": a.from_files or a.file,
+                                 "gpu": a.gpu,
                                  "gpu_mem": a.gpu_mem, "gpus_per_node": a.gpus_per_node, "nodes": a.nodes,
                                  "host_ram": a.host_ram})
     base, imported, notes = scenario_and_file(args)
@@ -57,23 +64,22 @@ def run_fit(a: argparse.Namespace) -> int:
         _print_notes(notes)
         return 0
     old = knobs_from_scenario(base)
-    said = sayable(imported)
+    io = fit_files(imported, a.from_files or [a.file], base.hardware.world_size, folder)
+    said = io.said
     refusals: dict[str, str] = {}
 
     def says(scenario, edited) -> bool:
-        """Can the user's file say this scenario (what a code edit reaches goes beside it)?"""
-        from memfit.interfaces.formats import write_config_files
-
+        """Can the user's files say this scenario (what a code edit reaches goes beside it)?"""
         changed = _changes_of(scenario, old, said, {k for axis in edited for k in axes()[axis]})
         try:
-            write_config_files(imported, changed, folder)
+            io.write(changed)
         except MemfitError as e:
             refusals.setdefault(str(e), str(e))
             return False
         return True
 
-    best, files = _search(base, imported, allow, kept, a.global_batch, options, old, said, says, folder, refusals)
-    _check_written(imported, files, best, options.resume)
+    best, files = _search(base, imported, allow, kept, a.global_batch, options, old, io, says, refusals)
+    _check_written(imported, io.reread(files), best, options.resume)
     print(f"{imported.name}: {now.verdict} ({gib(now.device_peak_bytes)} GiB per GPU) -> "
           f"{best.verdict} ({gib(best.device_peak_bytes)} GiB, {best.tokens_per_second:,.0f} tokens/s)")
     _print_notes(notes)
@@ -82,7 +88,7 @@ def run_fit(a: argparse.Namespace) -> int:
         print(f"  {c.knob}: {c.before} -> {c.after}  {_effect(c)}{' (needed to fit)' if c.needed_to_fit else ''}"
               f"{' [CODE EDIT: no flag, see below]' if c.code_edit else ''}")
     print(diff(files) or "(no change to write: the file already fits as planned)")
-    writes = [FileWrite(_target(a, f.path), f.new_text, f.old_text if a.in_place else UNCHECKED)
+    writes = [FileWrite(io.target(files, f.path), f.new_text, f.old_text if a.in_place else UNCHECKED)
               for f in files if f.changed]  # in place: refused if the file changed since it was read
     edits = [c for c in best.changes if c.code_edit]
     text = _code_edit_text(imported, edits) if edits else ""
@@ -103,10 +109,9 @@ def _print_notes(notes: list[str]) -> None:
         print(f"  note: {note}")
 
 
-def _search(base, imported, allow, kept, global_batch, options, old, sayable, says, folder, refusals):
-    """The fastest plan the file can say: the search tries only settings the file can say (Keep.expressible);
+def _search(base, imported, allow, kept, global_batch, options, old, io, says, refusals):
+    """The fastest plan the files can say: the search tries only settings they can say (Keep.expressible);
     a combination the writer still refuses sends it on to the next rows."""
-    from memfit.interfaces.formats import write_config_files
     from memfit.planner.plan import choose_for_fit, plan
     from memfit.planner.search import Keep
 
@@ -115,7 +120,7 @@ def _search(base, imported, allow, kept, global_batch, options, old, sayable, sa
         writable = []
         for row in plan(base, allow, global_batch, top_k=top_k, options=options, keep=keep):
             try:
-                writable.append((row, write_config_files(imported, _file_changes(row, old, sayable), folder)))
+                writable.append((row, io.write(_file_changes(row, old, io.said))))
             except MemfitError as e:
                 refusals.setdefault(str(e), str(e))
         best = choose_for_fit([row for row, _ in writable])
@@ -128,17 +133,15 @@ def _search(base, imported, allow, kept, global_batch, options, old, sayable, sa
                       f"{base.hardware.gpus_per_node} x {base.hardware.gpu.name}{why}")
 
 
-def _check_written(imported, files, best, resume: bool) -> None:
-    """The files as they will be written, read back and estimated (with the code edit beside them applied), must
-    be the plan: a writer that drops a key or a path that resolves elsewhere shows up here, before anything is
-    written."""
+def _check_written(imported, again, best, resume: bool) -> None:
+    """The files as they will be written, read back (`again`) and estimated (with the code edit beside them
+    applied), must be the plan: a writer that drops a key or a path that resolves elsewhere shows up here, before
+    anything is written. A launch is read back whole, every file as it will be."""
     from memfit.facts.profiles import build_scenario
-    from memfit.interfaces.formats import reread
     from memfit.planner.search import judge
     from memfit.roles.estimate import estimate
 
     s = best.scenario
-    again = reread(imported, files)
     edited = {k: getattr(s, k) for c in best.changes if c.code_edit for k in axes()[c.knob]}
     try:
         written = build_scenario(s.model, s.hardware, again.knobs | edited, imported.profile)
@@ -197,17 +200,6 @@ def _file_changes(row, old: dict, sayable: frozenset[str]) -> dict:
     edited = {k for c in row.changes if c.code_edit for k in axes()[c.knob]}
     return {k: v for k, v in knobs_from_scenario(row.scenario).items()
             if old.get(k) != v and (k in wanted or (k in sayable and k not in edited)) and not _default(k, v, old, sayable)}
-
-
-def _target(a: argparse.Namespace, path: Path) -> Path:
-    """Where a rewritten file goes; --out must not name the file itself (that is --in-place, with its backup)."""
-    if a.in_place:
-        return Path(path)
-    target = Path(a.out) / Path(path).name
-    if target.exists() and Path(path).exists() and os.path.samefile(target, path):
-        raise MemfitError(f"--out {a.out} would overwrite {path} itself; use --in-place (keeps a backup) "
-                          "or another --out folder")
-    return target
 
 
 def _wrote(w) -> str:

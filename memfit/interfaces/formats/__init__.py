@@ -21,6 +21,7 @@ from memfit.errors import MemfitError
 from memfit.facts.engines.deepspeed import overlap
 from memfit.facts.knobs import acts, knobs, said_by
 from memfit.interfaces.formats import accelerate, axolotl, deepspeed, hf, launch, llamafactory, openrlhf, yamltext
+from memfit.interfaces.formats import llamafactory_v1
 from memfit.interfaces.formats.base import ImportedConfig, WrittenFile, read_text
 
 MODULES = {"deepspeed": deepspeed, "llamafactory": llamafactory, "openrlhf": openrlhf, "accelerate": accelerate,
@@ -65,6 +66,8 @@ def detect_format(text: str, name: str = "") -> str:
             if _is_axolotl(doc):
                 return "axolotl"
             if "stage" in doc or "finetuning_type" in doc or "cutoff_len" in doc or "lora_target" in doc:
+                return "llamafactory"
+            if llamafactory_v1.is_v1(doc):  # v1's flat keys and plugin blocks
                 return "llamafactory"
             return "hf"
         if suffix in (".yaml", ".yml"):

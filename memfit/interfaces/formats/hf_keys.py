@@ -38,6 +38,12 @@ def other_releases() -> dict:
     return table("hf_other_releases")
 
 
+def other_release(variant: str, key: str) -> str | None:
+    """The releases whose config classes accepted `key` when the pinned one does not ("TRL 0.9.6 .. 0.28.0";
+    tables/hf_other_releases.json "keys", written by tools/trl_release_keys.py), or None."""
+    return other_releases().get("keys", {}).get(variant, {}).get(key)
+
+
 def current_names(doc: dict, where: str, assumed: list[str]) -> dict:
     """The document with another release's names of a memory setting (`max_seq_length`, `torch_dtype`) read as
     this release's; the file itself keeps its spelling (the writer edits the key it has)."""
@@ -61,7 +67,8 @@ def spelling(doc: dict, now: str) -> str:
 def check_keys(doc: dict, variant: str, where: str) -> list[str]:
     """Types of the known keys; an unknown key is a warning naming the release the key table comes from (other
     releases and recipe scripts add keys: alignment-handbook's dataset_mixture), unless its name says it is a
-    memory setting memfit would then not read (a refusal, not a misread)."""
+    memory setting memfit would then not read (a refusal, not a misread). A key another TRL release accepted
+    (max_prompt_length, use_logits_to_keep) is a warning naming those releases, memory word or not."""
     known = keys(variant)
     framework = "transformers" if variant == "training_args" else "TRL"
     words = other_releases()["memory_words"]
@@ -69,6 +76,9 @@ def check_keys(doc: dict, variant: str, where: str) -> list[str]:
     for key, value in doc.items():
         if key in known:
             check_type(where, key, value, known[key])
+        elif releases := other_release(variant, key):  # another release's parser takes it: a warning, not a refusal
+            warnings.append(f"{where}: {key}: a key of {releases}, not of {table('hf')['source']} (the releases "
+                            "memfit's key table comes from); memfit does not model it, so the estimate leaves it out")
         elif any(w in str(key).lower() for w in words):
             raise bad(where, key, f"unknown key that looks like a memory setting: not in {table('hf')['source']} "
                       f"(the releases memfit's key table comes from), so memfit cannot read it{suggest(str(key), known)}")

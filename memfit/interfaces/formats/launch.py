@@ -28,6 +28,8 @@ _REDIRECT = re.compile(r"(?<![^\s])\d*(?:>>?|<|&>)(?:&\d+|\s*[^\s;&|<>]+)")
 WRAPPERS = ("nohup", "time", "exec", "env", "stdbuf")
 KEYWORDS = ("then", "do", "else", "elif", "{", "!")
 PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
+_POSITIONAL = re.compile(r"\$(\d|\{\d+\})")  # an argument of the script ($1, ${2})
+_SCRIPT_DIR = re.compile(r"^\$\(dirname [^)]*\)/+([^$]*)$")  # `$(dirname "$0")/..`: the relative tail
 # launcher flags that take no value (the rest take one): from accelerate 1.15's launch_command_parser, torch 2.13's
 # torch.distributed.run parser and DeepSpeed 0.19's launcher/runner.py (tests/formats/test_launch.py checks them)
 ACCELERATE_BOOL = frozenset("cpu debug downcast_bf16 dynamo_use_dynamic dynamo_use_fullgraph "
@@ -67,6 +69,9 @@ def logical_lines(text: str, where: str):
             tail = len(line) - len(line.rstrip("\\"))
             if quote is None and tail % 2:  # a `\` continuation
                 parts.append(line[:-1] + " ")
+                continue
+            if quote == '"' and tail % 2:  # inside "...", bash drops `\`+newline (Qwen's DISTRIBUTED_ARGS="...")
+                parts.append(line[:-1])
                 continue
             parts.append(line + ("\n" if quote else ""))
             if quote is None:
@@ -158,8 +163,8 @@ def commands_of(text: str, where: str, cwd: Path) -> list[Command]:
                 while segment and (_assignment(segment[0]) or segment[0].startswith("-")):
                     pair = _assignment(segment.pop(0))
                     env.update([pair] if pair else [])
-            if not segment:
-                variables.update(env)
+            if not segment:  # `MODEL=$1` in an option loop: the script read as run without arguments keeps MODEL
+                variables.update((k, v) for k, v in env.items() if not (k in variables and _POSITIONAL.fullmatch(v)))
             elif segment[0] == "export":
                 variables.update(a for a in map(_assignment, segment[1:]) if a)
             elif segment[0] == "cd":
@@ -181,8 +186,13 @@ def _segments(words: list[str]):
 
 
 def _cd(cwd: Path, args: list[str], where: str) -> Path:
-    if not args or args[0] in ("-", "~") or "dirname" in args[0] or "BASH_SOURCE" in args[0] or "$0" in args[0]:
-        return cwd  # cd "$(dirname "$0")": the script's folder, where paths already resolve from
+    if not args or args[0] in ("-", "~"):
+        return cwd
+    if "dirname" in args[0] or "BASH_SOURCE" in args[0] or "$0" in args[0]:
+        # cd "$(dirname "$0")": the script's folder, where paths already resolve from; "$(dirname "$0")/..": the
+        # folder above it (Qwen's finetune/*.sh run from the repository root)
+        tail = _SCRIPT_DIR.match(args[0])
+        return (cwd / tail.group(1)).resolve() if tail and tail.group(1) else cwd
     if "$" in args[0]:
         raise bad(where, None, f"cd {args[0]}: the script does not set that variable, so memfit cannot tell the "
                   "folder the launch runs in")
@@ -403,8 +413,8 @@ def not_written(imported: ImportedConfig):
     from memfit.errors import MemfitError
 
     files = ", ".join(p.name for p in imported.companions.values())
-    return MemfitError(f"{imported.name}: memfit fit does not rewrite a launch or several files yet; run it on one "
-                       f"file the launch uses ({files}); `memfit estimate --from` reads the whole launch")
+    return MemfitError(f"{imported.name}: a launch ({files}) is rewritten as a set: `memfit fit` on the launch or "
+                       "its --from files (formats/launch_write.py reads it again to find where each value is said)")
 
 
 __all__ = ["read", "read_many", "commands_of", "pick", "kind_of"]

@@ -110,6 +110,8 @@ def merge(parts: list[ImportedConfig], *, path: Path | None = None, text: str = 
                     warns.append(f"{part.name}: mixed_precision ({shown(value)}) is overridden by the training "
                                  f"arguments' {shown(merged[knob])} (TrainingArguments sets ACCELERATE_MIXED_PRECISION)")
                 says = False
+            if knob == "checkpointing" and part.format == "accelerate" and training and value == "off":
+                says = False  # fsdp_activation_checkpointing: false leaves the training arguments' own checkpointing on
             if knob not in merged or (says and not source[knob][1]):
                 if knob in merged and not same(merged[knob], value):
                     notes.append(f"{knob}={shown(value)} from {part.name} ({source[knob][0].name} leaves it to "

@@ -16,6 +16,7 @@ from memfit.interfaces.formats import jsontext, yamltext
 from memfit.interfaces.formats.base import (HF_OPTIM_NAME, ImportedConfig, WrittenFile, as_bool, as_choice, as_float, as_int,
                                  as_str, bad, cannot, changed_knobs, companion_target, doc_copy, launch_path,
                                  lora_targets, optimizer_from_hf, read_text, same, unknown_key, verify_written)
+from memfit.interfaces.formats.llamafactory_v1 import is_v1, read_v1
 from memfit.interfaces.formats.not_modelled import named
 from memfit.interfaces.formats.tables import check_type, table
 
@@ -196,6 +197,8 @@ def read(path_or_text, *, gpus: int | None = None, files: dict | None = None, pa
     path = read_path or path
     where = str(path) if path else "LLaMA-Factory YAML"
     doc = yamltext.load(text, where)
+    if is_v1(doc):  # v1's flat keys and plugin blocks (llamafactory_v1.py)
+        return read_v1(doc, text, path, where, resolve_deepspeed, gpus=gpus, files=files)
     _check_keys(doc, where)
     assumed: list[str] = []
     knobs = _knobs(doc, where, assumed)
@@ -336,6 +339,9 @@ def write_files(imported: ImportedConfig, knobs: dict, folder: Path | None = Non
     file in `folder` (default: beside the YAML) when there was none. `deepspeed:` names a new or moved file as
     LLaMA-Factory resolves it, from the working directory (base.launch_path)."""
     changes = changed_knobs(imported, knobs)
+    if imported.variant == "v1" and changes:
+        knob = next(iter(changes))
+        raise cannot(imported, knob, changes[knob], "memfit reads LLaMA-Factory v1 YAML but does not write it yet")
     if changes.get("engine") == "fsdp":
         raise cannot(imported, "engine", "fsdp", "LLaMA-Factory runs FSDP through an accelerate config; "
                      "write one with memfit's accelerate exporter")

@@ -21,96 +21,13 @@ import ast
 import shlex
 
 from memfit.errors import MemfitError
-from memfit.interfaces.formats.base import (HF_ATTENTION_NAME, ImportedConfig, attention_from_hf, bad, cannot,
+from memfit.interfaces.formats.base import (HF_ATTENTION_NAME, ImportedConfig, attention_from_hf, cannot,
                                             changed_knobs, read_text, same, verify_written)
-from memfit.interfaces.formats.openrlhf_command import (FORMAT, METHODS, PROFILE, RELEASES, UNSUPPORTED_DEEPSPEED,
-                                                        Command, _launcher, flag_name, flags_of,
-                                                        parse_command)
-
-
-# --- knobs ---------------------------------------------------------------------------------------------
-
-def _value(cmd: Command, version: str, name: str, assumed: list[str] | None = None):
-    flag = flag_name(version, cmd.script, name)
-    if flag is None:
-        return None
-    if flag in cmd.flags:
-        return cmd.flags[flag]
-    spec = flags_of(version, cmd.script)[flag]
-    if spec.get("action") == "store_true":
-        return False
-    default = spec.get("default")
-    if assumed is not None and default is not None:
-        assumed.append(f"{flag} {default} (OpenRLHF {RELEASES[version]} default)")
-    return default
-
-
-def knobs_of(cmd: Command, version: str, where: str, world: dict) -> tuple[dict, list[str], list[str]]:
-    assumed: list[str] = []
-    warnings: list[str] = []
-    v = lambda name, note=False: _value(cmd, version, name, assumed if note else None)  # noqa: E731
-    k: dict = {"engine": "deepspeed", "method": "pt" if v("pretrain_mode") else METHODS[cmd.script]}
-    k["zero_stage"] = v("zero_stage", True)
-    if k["zero_stage"] not in (0, 1, 2, 3):
-        raise bad(where, flag_name(version, cmd.script, "zero_stage"), f"ZeRO stage {k['zero_stage']} does not exist")
-    k["offload_optimizer"] = "cpu" if v("adam_offload") else "none"
-    k["offload_param"] = "none"  # the trained model's params stay on the GPU (get_train_ds_config offload=False)
-    if flag_name(version, cmd.script, "ref_offload"):
-        k["ref_offload"] = bool(v("ref_offload"))
-    k["pin_memory"] = True  # get_train_ds_config hard-codes pin_memory: true
-    k["checkpointing"] = "full" if v("checkpointing") else "off"
-    if v("reentrant"):
-        k["reentrant"] = True
-    if version == "0.8.9":
-        k["attention"] = "flash" if v("attention") else "eager"
-    else:
-        k["attention"] = attention_from_hf(where, flag_name(version, cmd.script, "attention"), v("attention", True))
-    if version in ("0.8.9", "0.9.1"):
-        if v("param_dtype"):
-            k["precision"] = "bf16-mixed"
-        else:
-            warnings.append(f"{where}: no --bf16: OpenRLHF {RELEASES[version]} then trains in the checkpoint's "
-                            "dtype without DeepSpeed mixed precision; pass --bf16")
-    else:
-        k["precision"] = {"bf16": "bf16-mixed", "fp16": "fp16-mixed"}[v("param_dtype")]
-    k["micro_batch"] = v("micro_batch", True)
-    k["seq_len"] = v("seq_len", True)
-    rank = v("lora_rank") or 0
-    if rank > 0:
-        k["tuning"] = "qlora" if v("load_in_4bit") else "lora"
-        k["lora_rank"], k["lora_alpha"] = rank, v("lora_alpha")
-        targets = v("lora_targets")
-        k["lora_targets"] = ("all-linear",) if targets in ("all-linear", ["all-linear"], []) else tuple(targets)
-        if v("lora_dropout"):
-            k["lora_dropout"] = float(v("lora_dropout"))
-    else:
-        if v("load_in_4bit"):
-            raise bad(where, flag_name(version, cmd.script, "load_in_4bit"), "4-bit loading needs LoRA (--lora_rank > 0)")
-        k["tuning"] = "full"
-    k["padding"] = "padding_free" if v("packing") else "padded"
-    if v("liger"):
-        k["loss"] = "liger"
-    k["overlap_comm"] = True if v("overlap_comm") else k["zero_stage"] == 3  # DeepSpeed's rule when not forced
-    if v("grad_accum_dtype"):
-        k["grad_accum_dtype"] = v("grad_accum_dtype")
-    split = (v("ring") or 1) * (v("tensor_parallel") or 1)
-    for name in ("ring", "tensor_parallel"):
-        if (v(name) or 1) > 1:
-            warnings.append(f"{where}: {flag_name(version, cmd.script, name)} {v(name)}: not modelled "
-                            "(memfit assumes plain data parallelism)")
-    if (v("zpg") or 1) > 1:
-        warnings.append(f"{where}: {flag_name(version, cmd.script, 'zpg')} {v('zpg')}: ZeRO++ hpZ not modelled")
-    global_batch = v("global_batch", True)
-    world["global_batch"] = global_batch
-    gpus = world.get("num_gpus")
-    if gpus:
-        data_parallel = gpus // split
-        flag = flag_name(version, cmd.script, "global_batch")
-        if global_batch % (k["micro_batch"] * data_parallel):
-            raise bad(where, flag, f"{global_batch} is not micro batch {k['micro_batch']} x {data_parallel} "
-                      "data-parallel GPUs x a whole number of accumulation steps (DeepSpeed refuses it)")
-        k["grad_accum"] = global_batch // (k["micro_batch"] * data_parallel)
-    return k, assumed, warnings
+from memfit.interfaces.formats.openrlhf_command import (FORMAT, PPO, PROFILE, RELEASES,
+                                                        UNSUPPORTED_DEEPSPEED, Command, _launcher, flag_name,
+                                                        flags_of, parse_command)
+from memfit.interfaces.formats.openrlhf_knobs import _value, knobs_of
+from memfit.interfaces.formats.openrlhf_ppo import read_ppo
 
 
 # device memory of an attention kernel, most first: the reading an ambiguous command gets
@@ -155,6 +72,8 @@ def read(path_or_text, *, gpus: int | None = None, version: str | None = None) -
             cmd, version = parse_command(text, where, version)
     else:
         version = detected
+    if cmd.script == PPO:  # roles, GPUs and vLLM from the command's own flags (openrlhf_ppo.py)
+        return read_ppo(cmd, version, text, path, where, notes)
     world = _launcher(text, cmd)
     if gpus is not None:
         world["num_gpus"] = gpus
@@ -174,6 +93,12 @@ def _need(imported: ImportedConfig, name: str, knob: str, value) -> str:
     if flag is None:
         raise cannot(imported, knob, value, f"OpenRLHF {RELEASES[imported.variant]} {imported.doc.script} has no flag for it")
     return flag
+
+
+# train_ppo_ray knobs memfit reads but does not write (openrlhf_ppo.py)
+_PPO_ONLY = frozenset({"colocate", "vllm_engines", "vllm_tp", "vllm_gpu_memory_utilization", "vllm_sleep",
+                       "deepspeed_sleep", "rollout_micro_batch", "role_gpus", "reward_offload", "remote_reward",
+                       "reward_model", "critic_model", "init_kl_coef"})
 
 
 def new_flags(imported: ImportedConfig, changes: dict) -> dict:
@@ -196,6 +121,9 @@ def new_flags(imported: ImportedConfig, changes: dict) -> dict:
             flags.pop(flag, None)
 
     for knob, value in changes.items():
+        if script == PPO and knob in _PPO_ONLY:
+            raise cannot(imported, knob, value, "memfit reads train_ppo_ray's role, vLLM and sleep flags but does not "
+                         "rewrite them yet; edit the command by hand")
         if knob == "zero_stage":
             put("zero_stage", knob, 2 if value is None else value)
         elif knob == "offload_optimizer":

@@ -13,7 +13,9 @@ FORMAT = "openrlhf"
 PROFILE = "openrlhf"
 VERSIONS = ("0.11.2", "0.10.1", "0.9.1", "0.8.9")  # newest first
 RELEASES = {"0.8.9": "<= 0.8.9", "0.9.1": "0.8.10-0.9.1", "0.10.1": "0.9.2-0.10.1", "0.11.2": ">= 0.10.2"}
-METHODS = {"train_sft": "sft", "train_dpo": "dpo", "train_rm": "rm"}
+PPO = "train_ppo_ray"
+# train_ppo_ray's method follows --advantage_estimator (openrlhf_ppo.py); "ppo" until it is read
+METHODS = {"train_sft": "sft", "train_dpo": "dpo", "train_rm": "rm", PPO: "ppo"}
 
 # memfit's name for a flag -> (legacy name, dotted name)
 FLAGS = {
@@ -42,6 +44,38 @@ FLAGS = {
     "zpg": ("--zpg", "--ds.zpg"),
     "ref_offload": ("--ref_offload", "--ref.offload"),  # train_dpo: offload_param of the reference (ZeRO-3)
 }
+# train_ppo_ray's own flags, and those it names apart from the other scripts (the actor's model and checkpointing,
+# one offload switch for reference and reward before 0.10.2); None: that flag style has no such flag
+PPO_FLAGS = {
+    "model": ("--pretrain", "--actor.model_name_or_path"),
+    "checkpointing": ("--gradient_checkpointing", "--actor.gradient_checkpointing_enable"),
+    "reentrant": ("--gradient_checkpointing_use_reentrant", "--actor.gradient_checkpointing_reentrant"),
+    "ref_offload": ("--ref_reward_offload", "--ref.offload"),
+    "reward_offload": ("--ref_reward_offload", "--reward.offload"),
+    "rollout_micro_batch": ("--micro_rollout_batch_size", "--rollout.micro_batch_size"),
+    "reward_model": ("--reward_pretrain", "--reward.model_name_or_path"),
+    "critic_model": ("--critic_pretrain", "--critic.model_name_or_path"),
+    "remote_reward": ("--remote_rm_url", "--reward.remote_url"),
+    "agent": ("--agent_func_path", "--train.agent_func_path"),
+    "estimator": ("--advantage_estimator", "--algo.advantage.estimator"),
+    "init_kl_coef": ("--init_kl_coef", "--algo.kl.init_coef"),
+    "colocate_actor_ref": ("--colocate_actor_ref", "--train.colocate_actor_ref"),
+    "colocate_critic_reward": ("--colocate_critic_reward", "--train.colocate_critic_reward"),
+    "colocate_all": ("--colocate_all_models", "--train.colocate_all"),
+    "vllm_engines": ("--vllm_num_engines", "--vllm.num_engines"),
+    "vllm_tp": ("--vllm_tensor_parallel_size", "--vllm.tensor_parallel_size"),
+    "vllm_gpu_memory_utilization": ("--vllm_gpu_memory_utilization", "--vllm.gpu_memory_utilization"),
+    "vllm_sleep": ("--vllm_enable_sleep", "--vllm.enable_sleep"),
+    "deepspeed_sleep": ("--deepspeed_enable_sleep", "--ds.enable_sleep"),
+    "dynamic_batch": ("--use_dynamic_batch", "--train.dynamic_batch_enable"),
+    "train_max_tokens": ("--train_max_tokens_per_gpu", "--train.max_tokens_per_gpu"),
+    "rollout_max_tokens": ("--rollout_max_tokens_per_gpu", "--rollout.max_tokens_per_gpu"),
+    "prompt_max_len": ("--prompt_max_len", None),
+    "generate_max_len": ("--generate_max_len", None),
+    "async": ("--async_train", "--train.async_enable"),
+    **{f"{role}_{what}": (f"--{role}_{what}", f"--{role}.{what}") for role in ("actor", "ref", "critic", "reward")
+       for what in ("num_nodes", "num_gpus_per_node")},
+}
 UNSUPPORTED_DEEPSPEED = ("reduce_bucket_size", "contiguous_gradients", "prefetch_bucket_size",
                          "param_persistence_threshold", "max_live_parameters", "sub_group_size", "ratio",
                          "offload_param", "zero3_init")
@@ -54,9 +88,9 @@ def flag_name(version: str, script: str, name: str) -> str | None:
     elif name == "param_dtype" and version in ("0.8.9", "0.9.1"):
         candidate = "--bf16"
     else:
-        legacy, dotted = FLAGS[name]
+        legacy, dotted = (PPO_FLAGS if script == PPO and name in PPO_FLAGS else FLAGS)[name]
         candidate = dotted if version == "0.11.2" else legacy
-    return candidate if candidate in flags_of(version, script) else None
+    return candidate if candidate and candidate in flags_of(version, script) else None
 
 
 def flags_of(version: str, script: str) -> dict:
@@ -169,7 +203,8 @@ def parse_command(text: str, where: str, version: str | None = None) -> tuple[Co
         raise bad(where, None, "no `openrlhf.cli.train_*` module in the command")
     script = m.group(1)
     if script not in METHODS:
-        raise bad(where, None, f"openrlhf.cli.{script} is not modelled; memfit reads train_sft, train_dpo, train_rm")
+        raise bad(where, None, f"openrlhf.cli.{script} is not modelled; memfit reads train_sft, train_dpo, train_rm, "
+                  "train_ppo_ray")
     try:
         tokens, multiline = _tokens(text, m.end())
     except ValueError as e:

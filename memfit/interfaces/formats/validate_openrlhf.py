@@ -15,7 +15,7 @@ from memfit.interfaces.formats.framework_tables import ValidationFailed, _jsonab
 
 
 OPENRLHF_VERSIONS = ("0.8.9", "0.9.1", "0.10.1", "0.11.2")
-OPENRLHF_SCRIPTS = ("train_sft", "train_dpo", "train_rm")
+OPENRLHF_SCRIPTS = ("train_sft", "train_dpo", "train_rm", "train_ppo_ray")
 WHEEL_CACHE = Path(os.environ.get("MEMFIT_WHEEL_CACHE", Path(tempfile.gettempdir()) / "memfit-wheels"))
 
 
@@ -46,23 +46,44 @@ def openrlhf_train_ds_config(source: str, **arguments) -> dict:
     return namespace["get_train_ds_config"](**arguments)
 
 
-def _literal(node):
+def _literal(node, env: dict | None = None):
     try:
         return ast.literal_eval(node)
     except ValueError:
-        try:  # int(1e8) and the like
-            return eval(compile(ast.Expression(node), "<flag>", "eval"), {"__builtins__": {}, "int": int, "float": float})
+        try:  # int(1e8), f"--{prefix}.optim" inside a loop, and the like
+            return eval(compile(ast.Expression(node), "<flag>", "eval"),
+                        {"__builtins__": {}, "int": int, "float": float, **(env or {})})
         except Exception:
             return None
+
+
+def _add_argument_calls(source: str) -> list[tuple[ast.Call, dict]]:
+    """Every `parser.add_argument(...)` call, with the names a `for prefix in ("actor", "critic"):` loop around it
+    binds (train_ppo_ray >= 0.10.2 declares its per-model optimizer flags in such a loop), once per loop value."""
+    out: list[tuple[ast.Call, dict]] = []
+
+    def visit(node, env: dict) -> None:
+        if isinstance(node, ast.For) and isinstance(node.target, ast.Name):
+            values = _literal(node.iter, env)
+            if isinstance(values, (list, tuple)):
+                for value in values:
+                    for child in node.body:
+                        visit(child, {**env, node.target.id: value})
+                return
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+            out.append((node, env))
+        for child in ast.iter_child_nodes(node):
+            visit(child, env)
+
+    visit(ast.parse(source), {})
+    return out
 
 
 def argparse_table(source: str) -> dict:
     """Every `parser.add_argument(...)` of a script, as plain data: flags -> type, default, action, ..."""
     table = {}
-    for node in ast.walk(ast.parse(source)):
-        if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"):
-            continue
-        names = [a.value for a in node.args if isinstance(a, ast.Constant)]
+    for node, env in _add_argument_calls(source):
+        names = [_literal(a, env) for a in node.args]
         spec = {}
         for kw in node.keywords:
             if kw.arg in ("help", "metavar"):
@@ -70,7 +91,7 @@ def argparse_table(source: str) -> dict:
             if kw.arg == "type":
                 spec["type"] = ast.unparse(kw.value)
             else:
-                spec[kw.arg] = _jsonable(_literal(kw.value))
+                spec[kw.arg] = _jsonable(_literal(kw.value, env))
         spec.setdefault("dest", names[0].lstrip("-").replace("-", "_"))
         for name in names:
             table[name] = spec
@@ -93,14 +114,13 @@ def openrlhf_parser(source: str):
         raise ValidationFailed(f"OpenRLHF argparse: {message}")
 
     parser.error = error
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
-            call = ast.Call(func=ast.Name("add_argument", ast.Load()), args=node.args, keywords=node.keywords)
-            code = compile(ast.fix_missing_locations(ast.Expression(call)), "<openrlhf>", "eval")
-            from datetime import datetime
+    from datetime import datetime
 
-            eval(code, {"add_argument": parser.add_argument, "int": int, "float": float, "str": str,
-                        "datetime": datetime})
+    for node, env in _add_argument_calls(source):
+        call = ast.Call(func=ast.Name("add_argument", ast.Load()), args=node.args, keywords=node.keywords)
+        code = compile(ast.fix_missing_locations(ast.Expression(call)), "<openrlhf>", "eval")
+        eval(code, {"add_argument": parser.add_argument, "int": int, "float": float, "str": str,
+                    "datetime": datetime, **env})
     return parser
 
 

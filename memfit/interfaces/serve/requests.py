@@ -26,7 +26,9 @@ EXTRA_KEYS = {"estimate": (), "plan": ("allow", "global_batch", "top", "no_code_
               "export": ("format",)}
 # inputs a server does not take from a request: both name a file on the server's disk
 REFUSED = {"from_file": "upload the framework file to /api/import instead",
-           "machine": "the server uses its own machine profile ($MEMFIT_MACHINE or ~/.config/memfit/machine.toml)"}
+           "machine": "the server uses its own machine profile ($MEMFIT_MACHINE or ~/.config/memfit/machine.toml)",
+           "framework_version": "the server estimates memfit's pinned framework releases; name other releases with "
+                                "the command line's --framework-version"}
 NAME_LIMIT = 120  # characters of an uploaded file's name kept for display
 
 

@@ -1,0 +1,220 @@
+"""OpenRLHF train_ppo_ray commands (issue 12 item 1): read onto memfit's role knobs, checked against each release's
+own argparse parser (rebuilt from the released wheels, as test_validate.py does for train_sft / train_dpo)."""
+import json
+from pathlib import Path
+
+import pytest
+
+from memfit.errors import MemfitError
+from memfit.interfaces.cli.main import main
+from memfit.interfaces.formats import read_config, write_config_files
+from memfit.interfaces.formats import openrlhf as orl
+from memfit.interfaces.formats import validate_openrlhf
+from memfit.interfaces.formats.openrlhf_command import flag_name, flags_of
+from memfit.interfaces.formats.tables import table
+
+HERE = Path(__file__).parent / "openrlhf_ppo_examples"
+EXAMPLES = sorted(p.name for p in HERE.glob("*.sh"))
+SCRIPT = "train_ppo_ray"
+
+
+@pytest.fixture(scope="module")
+def wheels():
+    try:
+        for version in validate_openrlhf.OPENRLHF_VERSIONS:
+            validate_openrlhf.openrlhf_source(version, SCRIPT)
+    except Exception as e:  # no network to the package index
+        pytest.skip(f"cannot fetch the OpenRLHF wheels: {e}")
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the examples name hub models memfit must not look up
+
+
+def _parsed(imported) -> dict:
+    """The command's arguments as the release's own parser reads them (dest -> value)."""
+    args = validate_openrlhf.validate_openrlhf(orl.arguments(imported), imported.variant, SCRIPT)
+    return vars(args)
+
+
+def _arg(args: dict, version: str, name: str):
+    return args[flags_of(version, SCRIPT)[flag_name(version, SCRIPT, name)]["dest"]]
+
+
+def test_at_least_three_examples_name_their_source():
+    assert len(EXAMPLES) >= 3
+    for name in EXAMPLES:
+        head = (HERE / name).read_text().split("python3 -m")[0]
+        assert "github.com/OpenRLHF/OpenRLHF" in head and "examples/scripts/" in head and "commit" in head, name
+
+
+def test_the_stored_table_is_each_releases_train_ppo_ray_parser(wheels):
+    stored = table("openrlhf")["versions"]
+    for version in validate_openrlhf.OPENRLHF_VERSIONS:
+        derived = validate_openrlhf.argparse_table(validate_openrlhf.openrlhf_source(version, SCRIPT))
+        assert json.loads(json.dumps(derived)) == stored[version][SCRIPT], version
+    # >= 0.10.2 declares the actor's and critic's optimizer flags in a loop: both are there
+    assert {"--actor.adam.lr", "--critic.adam.lr"} <= set(stored["0.11.2"][SCRIPT])
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_the_releases_parser_accepts_each_example_and_agrees_with_memfit(name, wheels):
+    imported = read_config(HERE / name)
+    version, k = imported.variant, imported.knobs
+    args = _parsed(imported)
+    arg = lambda n: _arg(args, version, n)  # noqa: E731
+    assert k["zero_stage"] == arg("zero_stage")
+    assert (k["offload_optimizer"] == "cpu") == arg("adam_offload")
+    assert k["checkpointing"] == ("full" if arg("checkpointing") else "off")
+    assert k["method"] == ("ppo" if arg("estimator") == "gae" else "grpo")
+    assert k["init_kl_coef"] == arg("init_kl_coef")
+    assert k["vllm_engines"] == (arg("vllm_engines") or 0) and k["vllm_tp"] == arg("vllm_tp")
+    assert k["vllm_gpu_memory_utilization"] == arg("vllm_gpu_memory_utilization")
+    colocate_all = arg("colocate_all")
+    assert (k["colocate"] == "all") == colocate_all
+    assert k["vllm_sleep"] == (arg("vllm_sleep") and colocate_all)  # the script's own rule
+    assert k["deepspeed_sleep"] == arg("deepspeed_sleep")
+    assert k["remote_reward"] == bool(arg("remote_reward") or arg("agent"))
+    for role, gpus in k["role_gpus"]:
+        assert gpus == arg(f"{role}_num_nodes") * arg(f"{role}_num_gpus_per_node")
+    roles = {r for r, _ in k["role_gpus"]}
+    assert ("critic" in roles) == (arg("estimator") == "gae")
+    assert ("ref" in roles) == (arg("init_kl_coef") > 0)
+    if version in ("0.8.9", "0.9.1") and not arg("seq_len"):
+        assert k["seq_len"] == arg("prompt_max_len") + arg("generate_max_len")
+    else:
+        assert k["seq_len"] == arg("seq_len")
+    if not arg("dynamic_batch"):
+        assert k["micro_batch"] == arg("micro_batch")
+        assert k["rollout_micro_batch"] == arg("rollout_micro_batch")
+    else:  # a token budget per micro-step, read as whole packed rows reaching it
+        assert (k["micro_batch"] - 1) * k["seq_len"] < arg("train_max_tokens") <= k["micro_batch"] * k["seq_len"]
+    assert k["padding"] == ("padding_free" if arg("packing") or arg("dynamic_batch") else "padded")
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_unchanged_knobs_write_the_same_bytes(name):
+    imported = read_config(HERE / name)
+    files = write_config_files(imported, dict(imported.knobs))
+    assert files[0].new_text == files[0].old_text
+
+
+def test_a_deepspeed_flag_is_rewritten_and_the_release_parses_it(tmp_path, wheels):
+    path = tmp_path / "ppo.sh"
+    path.write_text((HERE / "ppo_llama3_8b_split_gpus_v0.11.sh").read_text())
+    imported = read_config(path)
+    files = write_config_files(imported, {**imported.knobs, "zero_stage": 2})
+    path.write_text(files[0].new_text)
+    again = read_config(path)
+    assert again.knobs["zero_stage"] == 2 and _parsed(again)["ds.zero_stage"] == 2
+    assert {k: v for k, v in again.knobs.items() if k not in ("zero_stage", "overlap_comm")} == \
+           {k: v for k, v in imported.knobs.items() if k not in ("zero_stage", "overlap_comm")}
+
+
+def test_a_role_flag_is_not_rewritten():
+    imported = read_config(HERE / "ppo_llama3_8b_split_gpus_v0.11.sh")
+    with pytest.raises(MemfitError, match="does not\\s+rewrite"):
+        write_config_files(imported, {**imported.knobs, "vllm_gpu_memory_utilization": 0.5})
+
+
+# --- the script's own rules after parsing ---------------------------------------------------------------------
+
+BASE = ("python3 -m openrlhf.cli.train_ppo_ray --actor.model_name_or_path m --actor.num_gpus_per_node 4 "
+        "--vllm.num_engines 4 --ds.zero_stage 3 ")
+
+
+def _read(text: str):
+    return read_config(text, format="openrlhf")
+
+
+def test_estimators_other_than_gae_drop_the_critic():
+    for estimator, method in (("gae", "ppo"), ("reinforce", "grpo"), ("rloo", "grpo"), ("dr_grpo", "grpo")):
+        k = _read(BASE + f"--reward.model_name_or_path r --algo.advantage.estimator {estimator}").knobs
+        assert k["method"] == method
+        assert ("critic" in dict(k["role_gpus"])) == (estimator == "gae")
+
+
+def test_vllm_sleep_needs_colocate_all():
+    off = _read(BASE + "--reward.remote_url f.py --vllm.enable_sleep")
+    assert off.knobs["vllm_sleep"] is False and any("--vllm.enable_sleep" in w for w in off.warnings)
+    on = _read(BASE + "--reward.remote_url f.py --vllm.enable_sleep --train.colocate_all --ref.num_gpus_per_node 4 "
+                "--critic.num_gpus_per_node 4")
+    assert on.knobs["vllm_sleep"] is True and on.world["num_gpus"] == 4
+
+
+def test_separate_groups_add_up_and_a_remote_reward_has_no_model():
+    imported = _read(BASE + "--reward.remote_url f.py --ref.num_gpus_per_node 2 --algo.advantage.estimator group_norm")
+    assert dict(imported.knobs["role_gpus"]) == {"actor": 4, "ref": 2}
+    assert imported.world["num_gpus"] == 4 + 2 + 4  # actor, reference, 4 engines x TP 1
+    assert "reward_model" not in imported.knobs and imported.knobs["remote_reward"] is True
+
+
+def test_legacy_sequence_is_prompt_plus_generation_unless_max_len_is_given():
+    legacy = ("python3 -m openrlhf.cli.train_ppo_ray --pretrain m --reward_pretrain r --vllm_num_engines 8 --bf16 "
+              "--attn_implementation flash_attention_2 --prompt_max_len 512 --generate_max_len 3000")
+    assert _read(legacy).knobs["seq_len"] == 3512
+    assert _read(legacy + " --max_len 1000").knobs["seq_len"] == 1000
+
+
+def test_no_reward_and_mismatched_colocation_are_one_line_errors():
+    with pytest.raises(MemfitError, match="no reward") as e:
+        _read(BASE)
+    assert "\n" not in str(e.value)
+    with pytest.raises(MemfitError, match="same GPUs"):
+        _read(BASE + "--reward.remote_url f.py --train.colocate_actor_ref --ref.num_gpus_per_node 2")
+    with pytest.raises(MemfitError, match="did you mean"):
+        _read(BASE + "--reward.remote_url f.py --vllm.gpu_memory_utilisation 0.5")
+
+
+# --- flags named as not modelled ----------------------------------------------------------------------------------
+
+def _entries():
+    return [(names, flag) for names in table("not_modelled")["openrlhf_ppo"] if not names.startswith("_")
+            for flag in names.split(" | ")]
+
+
+@pytest.mark.parametrize("names, flag", _entries())
+def test_each_not_modelled_flag_is_a_real_flag_named_when_set(names, flag):
+    version = "0.11.2" if flag.count(".") else "0.10.1"
+    spec = flags_of(version, SCRIPT).get(flag)
+    assert spec is not None, f"{flag} is no flag of OpenRLHF {version} train_ppo_ray"
+    value = "" if spec.get("action") == "store_true" else {"int": " 2", "float": " 0.5"}.get(spec.get("type"), " x")
+    text = BASE + "--reward.remote_url f.py --algo.advantage.estimator group_norm "
+    if version == "0.10.1":
+        text = ("python3 -m openrlhf.cli.train_ppo_ray --pretrain m --remote_rm_url f.py --vllm_num_engines 8 "
+                "--advantage_estimator group_norm ")
+    named = [w for w in _read(text + flag + value).warnings if f"{flag}=" in w and "not modelled" in w]
+    assert len(named) == 1 and ("too high" in named[0] or "too low" in named[0].lower()), named
+
+
+# --- estimates from the examples --------------------------------------------------------------------------------
+
+def _estimate(capsys, path, *extra) -> dict:
+    code = main(["estimate", "--from-file", str(path), "--gpu", "h100", "--json", *extra])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    return json.loads(out)
+
+
+def test_lower_vllm_memory_lowers_the_colocated_peak(tmp_path, capsys):
+    text = (HERE / "dapo_llama3_8b_v0.10.sh").read_text()
+    low = tmp_path / "low.sh"
+    low.write_text(text.replace("--vllm_gpu_memory_utilization 0.6", "--vllm_gpu_memory_utilization 0.3"))
+    assert low.read_text() != text
+    high, lower = (_estimate(capsys, p, "llama-3-8b") for p in (HERE / "dapo_llama3_8b_v0.10.sh", low))
+    assert high["method"] == "grpo" and high["gpus_needed"] == 8
+    assert lower["gpu_groups"][0]["peak_bytes"] < high["gpu_groups"][0]["peak_bytes"]
+
+
+def test_split_placement_estimates_each_group(capsys):
+    d = _estimate(capsys, HERE / "ppo_llama3_8b_split_gpus_v0.11.sh", "llama-3-8b", "--reward-model", "llama-3-8b")
+    groups = {g["name"]: g["gpus"] for g in d["gpu_groups"]}
+    assert groups == {"actor+ref": 4, "critic+reward": 4, "vllm": 8} and d["gpus_needed"] == 16
+
+
+def test_a_ppo_command_needs_its_reward_model_resolvable(capsys):
+    code = main(["estimate", "--from-file", str(HERE / "ppo_llama3_8b_colocate_all_v0.9.sh"), "--gpu", "h100",
+                 "llama-3-8b"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("memfit: error:") and "Llama-3-8b-rm-700k" in err
