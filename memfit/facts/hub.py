@@ -38,17 +38,23 @@ def split_id(name: str) -> tuple[str, str | None]:
 
 def config_path(repo_id: str, revision: str | None) -> Path:
     """The repo's config.json in the HF cache, downloaded first if the library may and must."""
+    return repo_file(repo_id, "config.json", revision, "pass a config.json")
+
+
+def repo_file(repo_id: str, filename: str, revision: str | None, instead: str) -> Path:
+    """One file of the repo in the HF cache (config.json, tokenizer.json), downloaded first if the library may and
+    must; `instead` says what the user can give rather than install the extra."""
     try:
         import huggingface_hub
     except ImportError:
-        raise HubError("install memfit[hub] to read it from the Hugging Face hub, or pass a config.json") from None
+        raise HubError(f"install memfit[hub] to read it from the Hugging Face hub, or {instead}") from None
     try:
-        return Path(huggingface_hub.hf_hub_download(repo_id, "config.json", revision=revision))
+        return Path(huggingface_hub.hf_hub_download(repo_id, filename, revision=revision))
     except Exception as e:  # noqa: BLE001 - every failure of the library becomes one line naming the fix
-        raise HubError(_explain(e, repo_id, revision)) from None
+        raise HubError(_explain(e, repo_id, revision, filename)) from None
 
 
-def _explain(e: Exception, repo_id: str, revision: str | None) -> str:
+def _explain(e: Exception, repo_id: str, revision: str | None, filename: str = "config.json") -> str:
     from huggingface_hub import constants, errors
 
     if isinstance(e, errors.GatedRepoError):
@@ -63,7 +69,7 @@ def _explain(e: Exception, repo_id: str, revision: str | None) -> str:
         return (f"cannot reach the Hugging Face hub for {repo_id} and it is not in the HF cache; check the network "
                 f"(or proxy), or set HF_HUB_OFFLINE=1 to use the cache only")
     if isinstance(e, errors.EntryNotFoundError):
-        return f"the Hugging Face hub repo {repo_id} has no config.json"
+        return f"the Hugging Face hub repo {repo_id} has no {filename}"
     if isinstance(e, errors.HFValidationError):
         return f"{repo_id!r} is not a valid Hugging Face hub id ({_first_line(e)})"
     if isinstance(e, errors.HfHubHTTPError) and getattr(e.response, "status_code", None) == 401:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from memfit.errors import MemfitError
 from memfit.facts.scenario import Scenario
 from memfit.planner.changes import Change, measure
+from memfit.planner.data import Batch
 from memfit.planner.knobs import StateKnobs, config_of
 from memfit.planner.search import Candidate, Keep, Search, check_allow, run_search
 from memfit.planner.space import Options, least_memory
@@ -33,8 +34,10 @@ class PlanRow:
     tokens_per_second: float
     step_seconds: float
     changes: tuple[Change, ...]
+    decided_by: Batch | None = None  # --lengths: the data's micro-batch that decides the verdict
 
     def to_json(self) -> dict:
+        data = {"decided_by": self.decided_by.to_json()} if self.decided_by else {}
         return {
             "verdict": self.verdict, "device_peak_bytes": self.device_peak_bytes,
             "headroom_bytes": self.headroom_bytes, "host_peak_bytes": self.host_peak_bytes,
@@ -42,14 +45,15 @@ class PlanRow:
             "tokens_per_second": round(self.tokens_per_second, 1), "step_seconds": round(self.step_seconds, 4),
             "config": config_of(self.scenario),
             "changes": [c.to_json() for c in self.changes],
-        }
+        } | data
 
 
 def row(c: Candidate, changes: tuple[Change, ...]) -> PlanRow:
     e = c.judged
     return PlanRow(scenario=c.scenario, verdict=e.verdict, device_peak_bytes=e.device_peak,
                    headroom_bytes=e.margin, host_peak_bytes=e.host_peak, host_headroom_bytes=e.host_margin,
-                   tokens_per_second=c.speed.tokens_per_second, step_seconds=c.speed.seconds, changes=changes)
+                   tokens_per_second=c.speed.tokens_per_second, step_seconds=c.speed.seconds, changes=changes,
+                   decided_by=e.decided_by)
 
 
 def plan(base: Scenario, allow: set[str] | None = None, global_batch: int | None = None,

@@ -27,6 +27,7 @@ from memfit.facts.adapters import trains_adapters
 from memfit.facts.engines import Sharding
 from memfit.facts.scenario import Scenario
 from memfit.memory.phases import verdict_of
+from memfit.planner.data import Batch, DataShapes
 from memfit.planner.knobs import ActKnobs, Builder, StateKnobs, act_of, changed, several_models, state_of
 from memfit.planner.space import (Options, act_options, fastest, le, least_memory, pareto, search_options,
                                   state_options, unique)
@@ -58,6 +59,7 @@ class Judged:
     margin: int
     host_peak: int  # per node
     host_margin: int | None
+    decided_by: Batch | None = None  # --lengths: the data's micro-batch this verdict was judged at
 
 
 def judge(e, resume: bool = True) -> Judged:
@@ -66,6 +68,19 @@ def judge(e, resume: bool = True) -> Judged:
     host_margin = None if hw.host_ram is None else hw.host_ram - host_peak
     verdict = verdict_of(e.margin_bytes, hw.gpu.memory_bytes, host_margin, e.band_fraction)
     return Judged(verdict, e.device_total.peak.total, e.margin_bytes, host_peak, host_margin)
+
+
+VERDICT_ORDER = ("fits", "tight", "host_oom", "oom")  # worse to the right
+
+
+def judge_data(s: Scenario, data: DataShapes, resume: bool = True) -> Judged:
+    """The candidate at each deciding shape of the data (rows, padded length): the worst verdict, then the least
+    device margin. The step-time model still speaks of --seq: only the memory judgment follows the data."""
+    out = []
+    for b in data.batches(s.micro_batch, s.padding):
+        j = judge(estimate(s.with_changes(micro_batch=b.rows, seq_len=b.seq_len)), resume)
+        out.append(replace(j, decided_by=b))
+    return max(out, key=lambda j: (VERDICT_ORDER.index(j.verdict), -j.margin, j.host_peak))
 
 
 @dataclass
@@ -192,7 +207,8 @@ class Search:
 
     def estimate(self, c: Candidate) -> Judged:
         if c.judged is None:
-            c.judged = judge(estimate(c.scenario), self.options.resume)
+            data, resume = self.options.data, self.options.resume
+            c.judged = judge_data(c.scenario, data, resume) if data else judge(estimate(c.scenario), resume)
             self.estimates += 1
         return c.judged
 

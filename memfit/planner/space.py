@@ -12,6 +12,7 @@ from memfit.facts.engines import Sharding
 from memfit.facts.frameworks import frameworks
 from memfit.facts.recompute import MODES, Recompute
 from memfit.facts.scenario import Scenario
+from memfit.planner.data import DataShapes
 from memfit.planner.knobs import ZERO3, ActKnobs, Layout, StateKnobs
 
 RATIOS = (1.0, 0.9, 0.8, 0.7, 0.5)  # DeepSpeed offload_optimizer.ratio values tried (ZeRO-3 + optimizer offload)
@@ -33,10 +34,11 @@ def framework_options() -> dict[str, dict]:
 class Options:
     """What the user lets the search do beyond the knobs: `code_edits` = knobs the framework has no flag for
     but a documented edit of its code reaches (data/frameworks/NAME.toml [plan.code_edits]); `resume` = judge host RAM at a
-    resume from a checkpoint too (False: a run that always starts fresh)."""
+    resume from a checkpoint too (False: a run that always starts fresh); `data` = the user's data lengths."""
 
     code_edits: bool = True
     resume: bool = True
+    data: DataShapes | None = None  # --lengths: judge each candidate at its data's worst micro-batch (data.py)
 
 
 # axes a code edit can reach (data/frameworks/NAME.toml [plan.code_edits]); the edit stands in for the flag

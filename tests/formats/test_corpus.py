@@ -5,7 +5,7 @@ through `memfit estimate --from` and `memfit fit` end to end.
 - fit on a config file: "already fits" (nothing written), or files that re-read to the planned estimate, pass the
   framework's own parser where it runs here (DeepSpeed, transformers/TRL, accelerate always; LLaMA-Factory with its
   venv; OpenRLHF with its cached wheels) and keep the global batch, packing and sequence length;
-- fit on a launch: the outcome the index records (fit on launches is another change; only a clean exit is checked);
+- fit on a launch: the outcome the index records; what it writes re-reads to the plan and keeps the data of a step;
 - a property over the corpus: with --allow lora / 8bit, on other hardware, the data of a step stays the same.
 Runs offline: a model the catalog lacks is the one-line "not in the HF cache" error, never a download.
 """
@@ -201,8 +201,10 @@ def test_fit_leaves_it_writes_what_reads_back_and_parses_or_names_the_gap(entry,
 
 
 @pytest.mark.parametrize("entry", LAUNCHES, ids=_id)
-def test_fit_on_a_launch_has_the_outcome_the_index_records(entry, tmp_path, monkeypatch, capsys):
-    """fit on launches is being switched on elsewhere: a clean exit with the recorded outcome, nothing more."""
+def test_fit_on_a_launch_writes_what_reads_back_as_the_plan_or_names_the_gap(entry, tmp_path, monkeypatch, capsys):
+    """The launch's files are written under --out in the launch's own layout, so the rewritten launch follows
+    its rewritten companions; re-read, it is the plan and trains on the same data per step."""
+    path = HERE / entry["path"]
     code, out, err, folder = _fit(entry, tmp_path, monkeypatch, capsys)
     if entry["fit"].startswith("error: "):
         _one_line_error(err, code, entry["fit"][len("error: "):])
@@ -210,6 +212,11 @@ def test_fit_on_a_launch_has_the_outcome_the_index_records(entry, tmp_path, monk
     assert code == 0, err
     assert ("nothing written" in out) == (entry["fit"] == "fits"), out
     assert folder.exists() == (entry["fit"] == "wrote"), out
+    if entry["fit"] == "wrote":
+        written, = folder.rglob(path.name)
+        _reads_back_as_the_plan(entry, written, out, capsys)
+        per_gpu = _data(read_config(written), 1), _data(read_config(path), 1)  # the launcher's GPU count stays
+        assert per_gpu[0] == per_gpu[1], per_gpu
 
 
 # --- the property: fit never changes the data of a step unless --allow names it --------------------------------

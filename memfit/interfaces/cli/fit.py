@@ -90,14 +90,20 @@ def run_fit(a: argparse.Namespace) -> int:
     print(diff(files) or "(no change to write: the file already fits as planned)")
     writes = [FileWrite(io.target(files, f.path), f.new_text, f.old_text if a.in_place else UNCHECKED)
               for f in files if f.changed]  # in place: refused if the file changed since it was read
+    changed = {Path(f.path).resolve() for f in files if f.changed}
+    copies = [] if a.in_place else [FileWrite(io.target(files, p), Path(p).read_text(encoding="utf-8"), UNCHECKED)
+                                    for p in sorted(io.read()) if Path(p).resolve() not in changed]
+    writes += copies  # --out holds the whole launch, so it runs (and reads back) from there
     edits = [c for c in best.changes if c.code_edit]
     text = _code_edit_text(imported, edits) if edits else ""
     if edits:
         folder = Path(imported.path).parent if a.in_place else Path(a.out)
         writes.append(FileWrite(folder / f"{imported.name}.code-edit.txt", text))
     written = write_files(writes, backup=a.in_place)  # every file or none
-    for w in written[:len(written) - bool(edits)]:
+    for w in written[:len(written) - len(copies) - bool(edits)]:
         print(_wrote(w))
+    if copies:
+        print(f"copied the launch's {len(copies)} unchanged file(s) beside them, in its layout")
     if edits:  # the code-edit file is the last one written
         print(f"\nNEEDS A CODE EDIT as well ({imported.format} has no flag for it):\n{text}{_wrote(written[-1])}")
     return 0

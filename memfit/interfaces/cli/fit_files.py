@@ -18,6 +18,7 @@ class FitFiles:
     reread: Callable  # [WrittenFile] -> ImportedConfig of the run as written
     target: Callable  # ([WrittenFile], path) -> where that file is written
     launch: bool = False
+    read: Callable = lambda: set()  # every file on disk the run reads (a launch's, so --out can hold all of them)
 
 
 def fit_files(imported, paths: list, gpus: int, out: Path | None) -> FitFiles:
@@ -37,7 +38,8 @@ def _launch_files(paths: list, gpus: int, out: Path | None) -> FitFiles:
     launch = read_launch(paths, gpus)
     return FitFiles(launch_write.sayable(launch), lambda knobs: launch_write.write(launch, knobs),
                     lambda files: launch_write.reread(launch, files, gpus),
-                    lambda files, path: launch_write.target(launch, files, path, out), launch=True)
+                    lambda files, path: launch_write.target(launch, files, path, out), launch=True,
+                    read=launch.files)
 
 
 def _target(out: Path | None, path: Path) -> Path:

@@ -39,6 +39,9 @@ def add_plan_command(subparsers) -> None:
     limits.add_argument("--max-batch", action="store_true",
                         help="instead of plans: the largest micro-batch that fits, everything else fixed (no --gpu: "
                              "one row per catalog GPU)")
+    from memfit.interfaces.lengths.cli import add_lengths_arguments
+
+    add_lengths_arguments(p)  # --lengths DATA: plans judged by the data's worst micro-batch, not by --seq
     p.set_defaults(run=run_plan)
 
 
@@ -46,12 +49,18 @@ def run_plan(a: argparse.Namespace) -> int:
     from memfit.planner.plan import Options, baseline, closest_miss, plan
 
     if a.max_seq or a.max_batch:
+        if a.lengths:
+            raise MemfitError("--max-seq / --max-batch search one knob at --seq; --lengths judges plans by the data "
+                              "(leave one out)")
         if a.html:
             raise MemfitError("--html draws plans; --max-seq / --max-batch have no HTML report yet")
         return run_limits(a)
     base = scenario_from_args(a)
     allow = {x.strip() for x in a.allow.split(",") if x.strip()}
-    options = Options(code_edits=not a.no_code_edits, resume=not a.no_resume)
+    from memfit.interfaces.lengths.cli import plan_data
+
+    data = plan_data(a, base, a.global_batch)
+    options = Options(code_edits=not a.no_code_edits, resume=not a.no_resume, data=data)
     with working(f"searching configurations of {base.model.id} on {base.world_size} x {base.hardware.gpu.name}"):
         rows = plan(base, allow, a.global_batch, top_k=a.top, options=options)
         start = baseline(base, a.global_batch, options)
@@ -114,7 +123,7 @@ def plan_json(start, rows, miss, options=None) -> dict:
         "rows": [r.to_json() for r in rows],
         "closest_miss": miss.to_json() if miss else None,
         "note": "tokens/s come from memfit's step-time model (data/speed.toml); they rank, they do not promise",
-    }
+    } | ({"lengths": options.data.source} if options is not None and options.data else {})
 
 
 # ---------------------------------------------------------------- words for knob values
@@ -209,7 +218,7 @@ def print_plan(start, rows, miss, allow: set[str], options=None) -> None:
             how = "" if c.measured == "alone" else " [dim](saving measured in the plan)[/]"
             lines.append(f"{describe(c, r)}: saves {_saving(c, host_known)}, speed {-c.speed_cost_pct:+.1f}% "
                          f"{why}{how}" + _edit_words(c))
-        _numbered(con, i, lines)
+        _numbered(con, i, lines + _decided_words(r))
     con.print("[dim]saves: the change applied alone to the start (or, where it cannot stand alone, removed from the "
               "plan); speed: the plan with vs without it. tokens/s come from memfit's step-time model "
               "(data/speed.toml): they rank, they do not promise[/]")
@@ -227,6 +236,15 @@ def _numbered(con, number: int, lines: list[str]) -> None:
         grid.add_row(f"[bold]{number}.[/]" if k == 0 else "", line)
     if lines:
         con.print(grid)
+
+
+def _decided_words(row) -> list[str]:
+    """--lengths: which micro-batch of the data the row was judged at."""
+    b = row.decided_by
+    if b is None:
+        return []
+    return [f"[dim]judged at the data's worst micro-batch: step {b.step}, rank {b.rank}, {b.rows} rows x {b.seq_len} "
+            f"tokens ({'exact' if b.exact else 'assumed order'})[/]"]
 
 
 def _edit_words(change) -> str:
@@ -249,6 +267,11 @@ def _print_header(con, start, options) -> None:
               + f"global batch {global_batch} (micro {s.micro_batch} x accum {s.grad_accum} x {s.world_size} GPUs), "
               + (f"predicted {start.tokens_per_second:,.0f} tokens/s" + (" if it fit" if start.verdict == "oom" else "")
                  if start.tokens_per_second > 0 else "it cannot run: vLLM has no room for one sequence's KV cache"))
+    if options is not None and options.data:
+        con.print(f"[dim]--lengths {options.data.source}: every plan is judged at its worst micro-batch of the data "
+                  "(cut at --seq), not at --seq; tokens/s still speak of --seq[/]")
+        for line in _decided_words(start):
+            con.print("start " + line)
 
 
 def _print_table(con, start, rows) -> None:

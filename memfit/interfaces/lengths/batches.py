@@ -7,8 +7,9 @@ Two samplers:
 - "accelerate": HF Trainer through accelerate (TRL, LLaMA-Factory): a seeded RandomSampler's permutation cut
   into micro-batches, batch i to rank i % world; without drop_last the last round is completed from the first
   batches' samples so every rank gets the same number of full batches (even_batches).
-group_by_length (HF's LengthGroupedSampler) sorts megabatches of 50 x world x batch by length, longest first,
-with the longest batch of all placed first.
+group_by_length (HF's LengthGroupedSampler) sorts megabatches of (up to) 50 x batch x grad_accum by length,
+longest first, with the longest sample of all swapped to the very front: it lands in rank 0's first micro-batch
+of the epoch's first step, whatever the random order (transformers trainer_pt_utils.get_length_grouped_indices).
 
 The permutation is torch.randperm under a seeded torch.Generator, the same call the samplers make, when torch
 is importable; otherwise a seeded Python shuffle stands in (a random order, not the run's)."""
@@ -119,8 +120,9 @@ def epoch_batches(tokens: tuple[int, ...], b: Batching, epoch: int) -> tuple[lis
     # LengthGroupedSampler draws from torch's global generator (no seed of its own): its order is not reproducible
     order, exact = permutation(len(tokens), b.seed + epoch, exact=not b.group_by_length)
     if b.group_by_length:
-        # HF groups per process batch x grad_accum x world (trainer._get_train_sampler, accelerate shards after)
-        order = length_grouped(order, tokens, b.micro_batch * b.grad_accum * b.world)
+        # Trainer._get_train_sampler groups by train_batch_size x grad_accum, train_batch_size being the per-device
+        # batch under DDP (TrainingArguments.n_gpu is 1 per process); accelerate shards the batches after
+        order = length_grouped(order, tokens, b.micro_batch * b.grad_accum)
     if b.sampler == "accelerate":
         return accelerate_shards(order, b.world, b.micro_batch, b.drop_last), exact
     return [chunks(distributed_indices(order, b.world, r, b.drop_last), b.micro_batch, b.drop_last)

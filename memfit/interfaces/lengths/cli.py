@@ -16,7 +16,9 @@ def add_lengths_arguments(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("data lengths (per-step, per-rank peaks)")
     g.add_argument("--lengths", metavar="DATA", help="the training data's token lengths: integers, a JSON list, or "
-                   "JSONL rows with length / input_ids (chosen_/rejected_ for DPO)")
+                   "rows with length / input_ids (chosen_/rejected_ for DPO) or text / prompt+completion / messages "
+                   "(counted with the model folder's tokenizer) as JSONL, Parquet, a save_to_disk folder or a "
+                   "dataset name (org/name[:split]); under `plan`, plans are judged at the data's worst micro-batch")
     g.add_argument("--seed", type=whole_number, default=None, help="the sampler's seed (default 42, HF's)")
     g.add_argument("--epochs", type=positive_int, default=None, help="epochs to walk (default 1)")
     g.add_argument("--group-by-length", action="store_true", default=None,
@@ -31,24 +33,50 @@ def add_lengths_arguments(p: argparse.ArgumentParser) -> None:
 def lengths_report(a: argparse.Namespace, s):
     """The report, or None without --lengths (its options alone are an error: they would do nothing)."""
     if not getattr(a, "lengths", None):
-        given = [f for f, v in (("--seed", a.seed), ("--epochs", a.epochs), ("--group-by-length", a.group_by_length),
-                                ("--drop-last", a.drop_last), ("--sampler", a.sampler)) if v is not None]
-        if given:
-            raise MemfitError(f"{', '.join(given)} describe the data loader of --lengths DATA; add --lengths")
+        _refuse_loader_options(a)
         return None
-    from memfit.interfaces.lengths.batches import Batching
     from memfit.interfaces.lengths.predict import predict
     from memfit.interfaces.lengths.read import read_lengths
 
-    sampler = a.sampler or ("accelerate" if s.profile in ACCELERATE_PROFILES else "distributed")
-    batching = Batching(world=s.world_size, micro_batch=s.micro_batch, grad_accum=s.grad_accum,
-                        seed=42 if a.seed is None else a.seed, epochs=a.epochs or 1, drop_last=bool(a.drop_last),
-                        sampler=sampler, group_by_length=bool(a.group_by_length))
-    report = predict(s, read_lengths(a.lengths), batching)
-    report.notes.insert(0, f"sampler: {sampler} ({'--sampler' if a.sampler else f'profile {s.profile}'}), "
+    batching = batching_of(a, s)
+    data = read_lengths(a.lengths, s.model)
+    report = predict(s, data, batching)
+    if data.tokenizer:
+        report.notes.insert(0, f"raw text counted with the tokenizer of {data.tokenizer} the way TRL's SFT counts "
+                               "it (special tokens included; text: EOS appended; conversations: the chat template)")
+    report.notes.insert(0, f"sampler: {batching.sampler} ({'--sampler' if a.sampler else f'profile {s.profile}'}), "
                            f"micro-batch {s.micro_batch} x grad accum {s.grad_accum} on {s.world_size} ranks, "
                            f"padding {s.padding}")
     return report
+
+
+def batching_of(a: argparse.Namespace, s):
+    from memfit.interfaces.lengths.batches import Batching
+
+    sampler = a.sampler or ("accelerate" if s.profile in ACCELERATE_PROFILES else "distributed")
+    return Batching(world=s.world_size, micro_batch=s.micro_batch, grad_accum=s.grad_accum,
+                    seed=42 if a.seed is None else a.seed, epochs=a.epochs or 1, drop_last=bool(a.drop_last),
+                    sampler=sampler, group_by_length=bool(a.group_by_length))
+
+
+def plan_data(a: argparse.Namespace, s, global_batch: int | None):
+    """`memfit plan --lengths`: the data's deciding micro-batch shapes for the planner (None without --lengths)."""
+    if not getattr(a, "lengths", None):
+        _refuse_loader_options(a)
+        return None
+    from memfit.interfaces.lengths.plan import data_shapes
+    from memfit.interfaces.lengths.read import read_lengths
+    from memfit.planner.search import per_gpu_batch
+
+    return data_shapes(s, read_lengths(a.lengths, s.model), batching_of(a, s), per_gpu_batch(s, global_batch))
+
+
+def _refuse_loader_options(a: argparse.Namespace) -> None:
+    """The loader options alone are an error: without --lengths they would do nothing."""
+    given = [f for f, v in (("--seed", a.seed), ("--epochs", a.epochs), ("--group-by-length", a.group_by_length),
+                            ("--drop-last", a.drop_last), ("--sampler", a.sampler)) if v is not None]
+    if given:
+        raise MemfitError(f"{', '.join(given)} describe the data loader of --lengths DATA; add --lengths")
 
 
 def print_lengths(report) -> None:

@@ -43,6 +43,7 @@ class LengthsReport:
     capacity: int
     notes: list[str] = field(default_factory=list)
     spread: dict | None = None  # without torch: the worst peak and first OOM over other random orders
+    worst_exact: bool = False  # the worst cell is certainly where it says (a seeded order, or the grouping's head)
 
     @property
     def worst(self) -> Cell:
@@ -83,7 +84,8 @@ class LengthsReport:
     def to_json(self) -> dict:
         first, tight = self.first("oom"), self.first("tight")
         return {"steps": len(self.cells), "ranks": len(self.cells[0]), "order": self.order,
-                "worst": self.worst.to_json(), "first_oom": first.to_json() if first else None,
+                "worst": self.worst.to_json() | {"where": "exact" if self.worst_exact else "assumed"},
+                "first_oom": first.to_json() if first else None,
                 "first_tight": tight.to_json() if tight else None, "per_rank": self.per_rank(),
                 "imbalance": self.imbalance(), "histogram": self.histogram(), "capacity_bytes": self.capacity,
                 "other_orders": self.spread, "notes": list(self.notes)}
@@ -105,6 +107,8 @@ def predict(s: Scenario, data: Lengths, b: Batching) -> LengthsReport:
     shape = _shaper(s, tokens, order_steps, notes)
     cells = _cells(s, tokens, order_steps, shape, pair_rows)
     report = LengthsReport(cells, _order_name(b, exact), s.hardware.gpu.memory_bytes, notes)
+    report.worst_exact = exact or grouped_head(b, s.padding, report.worst.step, report.worst.rank,
+                                                    epoch_starts(order_steps))
     if not exact and not b.group_by_length:
         report.spread = _spread(s, tokens, b, shape, pair_rows)
     return report
@@ -113,27 +117,44 @@ def predict(s: Scenario, data: Lengths, b: Batching) -> LengthsReport:
 def _order_name(b: Batching, exact: bool) -> str:
     if exact:
         return f"exact (torch.randperm, seed {b.seed})"
-    why = ("group_by_length draws from torch's global generator" if b.group_by_length
-           else "torch is not importable")
-    return f"assumed random ({why})"
+    if b.group_by_length:
+        return ("assumed random (group_by_length draws from torch's global generator), except that rank 0's first "
+                "micro-batch of each epoch holds the longest sample (exact)")
+    return "assumed random (torch is not importable)"
+
+
+def epoch_starts(order_steps: list[Step]) -> set[int]:
+    """The index of each epoch's first optimizer step."""
+    return {st.index for k, st in enumerate(order_steps) if k == 0 or order_steps[k - 1].epoch != st.epoch}
+
+
+def grouped_head(b: Batching, padding: str, step: int, rank: int, starts: set[int]) -> bool:
+    """Under group_by_length, rank 0's first micro-batch of an epoch holds the longest sample whatever the random
+    order (get_length_grouped_indices swaps it to the front): padded, no micro-batch is longer or has more rows,
+    so a worst batch found there is exact. Packed or padding-free rows depend on the other samples: not exact."""
+    return b.group_by_length and padding == "padded" and rank == 0 and step in starts
 
 
 def _samples(s: Scenario, data: Lengths, notes: list[str]) -> tuple[int, ...]:
-    """Lengths as the loader sees them: cut at --seq; packed, the samples concatenated into full rows."""
-    cut = tuple(min(t, s.seq_len) for t in data.tokens)
     longer = sum(t > s.seq_len for t in data.tokens)
     if longer:
-        notes.append(f"{longer} of {len(cut)} samples are longer than --seq {s.seq_len} and are cut to it")
+        notes.append(f"{longer} of {len(data.tokens)} samples are longer than --seq {s.seq_len} and are cut to it")
     if s.padding == "packed":
         total = sum(data.tokens)
         notes.append(f"packed: {total:,} tokens make {math.ceil(total / s.seq_len)} full rows of {s.seq_len}")
-        return (s.seq_len,) * math.ceil(total / s.seq_len)
-    return cut
+    return loader_rows(data.tokens, s.padding, s.seq_len)
 
 
-def _micro_shape(s: Scenario, rows: list[int]) -> tuple[int, int, int]:
+def loader_rows(tokens: tuple[int, ...], padding: str, seq_len: int) -> tuple[int, ...]:
+    """Lengths as the loader sees them: cut at --seq; packed, the samples concatenated into full rows."""
+    if padding == "packed":
+        return (seq_len,) * math.ceil(sum(tokens) / seq_len)
+    return tuple(min(t, seq_len) for t in tokens)
+
+
+def micro_shape(padding: str, rows: list[int]) -> tuple[int, int, int]:
     """(rows, padded length, tokens) of one micro-batch of these samples' lengths."""
-    if s.padding == "padding_free":
+    if padding == "padding_free":
         return len(rows), math.ceil(sum(rows) / len(rows)), sum(rows)
     length = max(rows)
     return len(rows), length, len(rows) * length
@@ -141,7 +162,7 @@ def _micro_shape(s: Scenario, rows: list[int]) -> tuple[int, int, int]:
 
 def _shaper(s: Scenario, tokens, order_steps: list[Step], notes: list[str]):
     """Rounds a padded length up to a bucket when the run has more distinct lengths than MAX_SHAPES."""
-    seen = {_micro_shape(s, [tokens[i] for i in mb])[1] for st in order_steps for r in st.ranks for mb in r}
+    seen = {micro_shape(s.padding, [tokens[i] for i in mb])[1] for st in order_steps for r in st.ranks for mb in r}
     bucket = 1
     while len({min(s.seq_len, -(-x // bucket) * bucket) for x in seen}) > MAX_SHAPES:
         bucket *= 2
@@ -168,7 +189,7 @@ def _cells(s: Scenario, tokens, order_steps: list[Step], shape, pair_rows: int) 
     for st in order_steps:
         row = []
         for r, micro in enumerate(st.ranks):
-            shapes = [_micro_shape(s, [tokens[i] for i in mb]) for mb in micro]
+            shapes = [micro_shape(s.padding, [tokens[i] for i in mb]) for mb in micro]
             worst = max(shapes, key=lambda x: peak(x[0], x[1])[0])
             p, verdict = peak(worst[0], worst[1])
             row.append(Cell(st.index, r, pair_rows * sum(x[2] for x in shapes), worst[1], p, verdict))
