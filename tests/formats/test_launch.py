@@ -259,12 +259,18 @@ def test_openrlhf_commands_keep_their_reader(tmp_path, capsys):
 
 def test_fit_on_a_launch_writes_the_file_it_names(launches, capsys, monkeypatch, tmp_path):
     """The launch states nothing the plan changes: only its YAML is rewritten, under --out in the launch's layout
-    (tests/plan/test_fit_launch.py covers every launch form)."""
+    beside copies of the launch's other files, so it runs from there (tests/plan/test_fit_launch.py covers every
+    launch form)."""
     monkeypatch.setenv("MEMFIT_PLAN_DEADLINE", "300")
     code = main(["fit", str(launches / "llamafactory_lora_sft_ds3.sh"), "--gpu-mem", "8GiB", "--out", str(tmp_path / "o")])
-    assert code == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert code == 0
+    yaml = "examples/llamafactory/examples/train_lora/llama3_lora_sft_ds3.yaml"
+    assert [line for line in out.splitlines() if line.startswith("wrote ")] == [f"wrote {tmp_path / 'o' / yaml}"]
     written = sorted(str(p.relative_to(tmp_path / "o")) for p in (tmp_path / "o").rglob("*") if p.is_file())
-    assert written == ["examples/llamafactory/examples/train_lora/llama3_lora_sft_ds3.yaml"]
+    assert written == ["examples/llamafactory/examples/deepspeed/ds_z3_config.json", yaml,
+                       "launch_examples/llamafactory_lora_sft_ds3.sh"]
+    assert (tmp_path / "o" / written[0]).read_text() == (launches.parent / written[0]).read_text()  # a copy
 
 
 def test_launcher_flag_tables_match_the_launchers():

@@ -126,7 +126,10 @@ def _search(base, imported, allow, kept, global_batch, options, old, io, says, r
         writable = []
         for row in plan(base, allow, global_batch, top_k=top_k, options=options, keep=keep):
             try:
-                writable.append((row, io.write(_file_changes(row, old, io.said))))
+                files = io.write(_file_changes(row, old, io.said))
+                if io.launch:  # a launch's own reader can refuse what its files now say (finetune.py: ZeRO-3 + LoRA)
+                    io.reread(files)
+                writable.append((row, files))
             except MemfitError as e:
                 refusals.setdefault(str(e), str(e))
         best = choose_for_fit([row for row, _ in writable])

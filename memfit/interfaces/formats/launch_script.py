@@ -197,11 +197,14 @@ def accelerate_part(flags: dict, cwd: Path, label: str, gpus) -> tuple[list[Impo
 def script_parts(script: str, args: list[str], cwd: Path, label: str, gpus, readers, variant: str | None = None):
     """The TrainingArguments / TRL config a script's flags (and the config file they name) say, and a DeepSpeed
     JSON named by --deepspeed_config; with notes on the flags memfit does not read."""
-    from memfit.interfaces.formats import hf
+    from memfit.interfaces.formats import hf, launch_qwen
     from memfit.interfaces.formats.hf_keys import detect, keys, other_releases
 
     flags, words = flags_of(args)
     notes: list[str] = []
+    qwen = launch_qwen.matches(script, flags)  # Qwen's finetune.py: its own arguments are not TrainingArguments
+    own = launch_qwen.take(flags) if qwen else {}
+    variant = "training_args" if qwen else variant
     parts: list[ImportedConfig] = []
     config = flags.pop("config", None)
     if config is None and words and str(words[0]).endswith((".yaml", ".yml", ".json")):
@@ -241,7 +244,7 @@ def script_parts(script: str, args: list[str], cwd: Path, label: str, gpus, read
         notes.append(f"!{label}: {name}: words without a flag not read: {' '.join(map(str, words[:6]))}")
     if config_path is not None and not base and not read_flags:
         return parts, notes
-    if not read_flags and config_path is None:
+    if not read_flags and config_path is None and not qwen:
         return parts, notes
     doc = {**base, **read_flags}
     _absolute_deepspeed(doc, "deepspeed", cwd)
@@ -256,6 +259,8 @@ def script_parts(script: str, args: list[str], cwd: Path, label: str, gpus, read
         from dataclasses import replace
 
         part = replace(part, model_name=model)
+    if qwen:
+        part = launch_qwen.apply(part, own, label, notes)
     return [part] + parts, notes
 
 

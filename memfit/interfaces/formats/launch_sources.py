@@ -27,6 +27,7 @@ class Script:
     first: int  # first line (1-based) of the launch command
     last: int  # its last physical line (continuations included)
     target: str  # the training script or module, as typed (launcher flags come before it, script flags after)
+    cwd: Path | None = None  # the folder the command runs in (its `cd` lines), where its relative paths resolve
 
 
 @dataclass
@@ -127,10 +128,10 @@ def _script_sources(path: Path, text: str, gpus) -> tuple[Script, list[Source]]:
     last = later[0] - 1 if later else len(text.split("\n"))
     label = f"{path} line {cmd.line}"
     if kind == "llamafactory":
-        script = Script(path, text, cmd.line, last, argv[1])
+        script = Script(path, text, cmd.line, last, argv[1], cmd.cwd)
         return script, [_llamafactory(argv[2:], cmd.cwd, label, gpus, script)]
     if kind == "trl":
-        script = Script(path, text, cmd.line, last, argv[1])
+        script = Script(path, text, cmd.line, last, argv[1], cmd.cwd)
         return script, _script_flags(f"trl {argv[1]}", argv[2:], cmd.cwd, label, gpus, script, variant=argv[1])
     sources: list[Source] = []
     if kind == "accelerate":
@@ -147,7 +148,7 @@ def _script_sources(path: Path, text: str, gpus) -> tuple[Script, list[Source]]:
         rest = rest[1:]
     if not rest:
         raise MemfitError(f"{label}: the launcher names no training script")
-    script = Script(path, text, cmd.line, last, rest[0])
+    script = Script(path, text, cmd.line, last, rest[0], cmd.cwd)
     for s in sources:
         s.script = script
     variant = rest[0].rsplit(".", 1)[1] if rest[0].startswith("trl.scripts.") else None

@@ -259,8 +259,9 @@ def _apply(text: str, edits: list) -> str:
 
 def root(launch: Launch, files: list[WrittenFile]) -> Path:
     """The folder holding every file of the launch (the layout kept under --out and for the read-back)."""
-    paths = [Path(p).resolve() for p in launch.files() | {Path(f.path) for f in files}]
-    return Path(os.path.commonpath([p.parent for p in paths]))
+    folders = [Path(p).resolve().parent for p in launch.files() | {Path(f.path) for f in files}]
+    folders += [s.cwd.resolve() for s in launch.scripts if s.cwd is not None]  # `cd ..` must land inside the copy
+    return Path(os.path.commonpath(folders))
 
 
 def reread(launch: Launch, files: list[WrittenFile], gpus: int | None):
