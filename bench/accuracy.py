@@ -11,7 +11,8 @@ Every row is one single-GPU, plain-PyTorch (engine single) run on an A100-80GB: 
 full/LoRA x checkpointing x attention x micro-batch x sequence length x bf16-pure/bf16-mixed x
 foreach/fused AdamW. The headline summary is the 162-row SFT grid's; groups beside it add DPO rows (OpenRLHF's
 step: policy + frozen bf16 reference on chosen + rejected rows, against the estimate), more MoE
-families, and PEFT methods besides LoRA (IA3, VeRA, AdaLoRA, LoHa), summarised as groups. For each row the estimate's *allocated* profile is compared with the trace's:
+families, and PEFT methods besides LoRA (IA3, VeRA, AdaLoRA, LoHa, LoKr, OFT, BOFT, prompt / p-tuning, LN tuning),
+summarised as groups. For each row the estimate's *allocated* profile is compared with the trace's:
 - total peak: the estimate counts only the categories the trace models (weights, gradients,
   optimizer states, activations, logits/loss); its runtime_overhead (cuBLAS workspace) and
   engine_buffers are left out, because the trace does not model them;

@@ -41,7 +41,7 @@ class GridRow:
 
     @property
     def ranked(self) -> bool:
-        return self.tuning in ("lora", "vera", "adalora", "loha")
+        return self.tuning in ("lora", "vera", "adalora", "loha", "lokr")
 
     @property
     def profile(self) -> str:
@@ -175,7 +175,7 @@ def moe_grid() -> list[GridRow]:
 
 # PEFT methods besides LoRA (data/adapters.toml), each with PEFT's default targets under the hf-trainer profile
 # (autocast over fp32 adapters)
-PEFT_METHODS = ("ia3", "vera", "adalora", "loha", "prompt", "ptuning", "ln_tuning")
+PEFT_METHODS = ("ia3", "vera", "adalora", "loha", "lokr", "oft", "boft", "prompt", "ptuning", "ln_tuning")
 PEFT_RUNS = (("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B", "off", "sdpa", (2, 1024)),
              ("llama3.2-1b", "meta-llama/Llama-3.2-1B", "full", "eager", (1, 2048)),
              ("mistral-7b", "mistralai/Mistral-7B-v0.1", "full", "sdpa", (2, 4096)))

@@ -233,8 +233,21 @@ def _seq(case: dict) -> int:
     raise Skip("sequence length not stated")
 
 
-# fms-acceleration FOAK (fused ops and kernels) replaces the loss with a fused cross entropy; its measured
-# savings match a loss that never holds full-vocabulary logits, so it maps to memfit's "liger" loss.
+# fms-acceleration's benchmark refs (foundation-model-stack/fms-acceleration 24bdadb,
+# scripts/benchmarks/refs/requirements.txt) ran transformers 4.48.1: its own logits and loss, not the pin's.
+FMS_TRANSFORMERS = "4.48.1"
+# FOAK's fast_loss there (plugins/fused-ops-and-kernels models/*.py, transformers >= 4.46): Llama, Mistral and
+# Mixtral get a custom loss_type whose ForCausalLMLoss copy calls unsloth's in-place Fast_CrossEntropyLoss;
+# GPTBigCode's rule swaps the CrossEntropyLoss name its module imported, which 4.48's CausalLM forward no longer
+# calls (it goes through self.loss_function), so its loss stays transformers' own.
+FOAK_INPLACE_CE = ("llama", "mistral", "mixtral")
+
+
+def _loss(case: dict, model) -> str | None:
+    kernels = (case.get("kernels") or "").lower()
+    if "foak" in kernels:
+        return "inplace_ce" if model.arch in FOAK_INPLACE_CE else None
+    return "chunked_output" if "chunked" in kernels else None
 
 
 def _lora_targets(case: dict) -> tuple[str, ...] | None:
@@ -275,7 +288,6 @@ def scenario_for(case: dict):
     gpus = (case.get("num_gpus") or 1) // nodes
     hardware = Hardware(gpu=_gpu(case), gpus_per_node=gpus, nodes=nodes)
     optimizer, in_bwd = _optimizer(case)
-    kernels = (case.get("kernels") or "").lower()
     knobs = {
         "tuning": tuning, "precision": _precision(case, tuning), "optimizer": optimizer,
         "micro_batch": case.get("micro_batch_size") or 1, "seq_len": _seq(case),
@@ -284,7 +296,7 @@ def scenario_for(case: dict):
         "checkpointing": {True: "full", False: "off"}.get(case.get("gradient_checkpointing")),
         "attention": _attention(case),
         "padding": "packed" if re.search(r"\bpacked", case.get("seq_len_kind") or "") else None,
-        "loss": "liger" if "foak" in kernels else ("chunked_output" if "chunked" in kernels else None),
+        "loss": _loss(case, model),
         "optimizer_in_backward": in_bwd or None,
         "method": None if method == "sft" else method,
         **_engine(case),
@@ -302,7 +314,8 @@ def scenario_for(case: dict):
         knobs["kbit_upcast"] = False  # the fms plugin prepares the quantized model itself, without PEFT's upcast
     if "dora" in (case.get("method") or "").lower():
         knobs["dora"] = True
-    return build_scenario(model, hardware, knobs, case.get("profile") or "hf-trainer")
+    versions = {"transformers": FMS_TRANSFORMERS} if case["id"].startswith("fms-") else None
+    return build_scenario(model, hardware, knobs, case.get("profile") or "hf-trainer", versions=versions)
 
 
 UNIT_BYTES = {"b": 1, "byte": 1, "bytes": 1, "kb": 1e3, "kib": 2**10, "mb": 1e6, "mib": 2**20, "gb": 1e9, "gib": 2**30,

@@ -226,3 +226,13 @@ def test_zero_lora_resume_holds_frozen_fragments_beside_the_optimizer_file(scena
     part = -(-sum(t.total for t in tensors if t.trainable) // 4)
     fragments = frozen if stage == 2 else frozen // 4
     assert ms.resume_host == pytest.approx(fragments + 12 * part, abs=4)
+
+
+def test_a_lora_target_matches_every_module_whose_name_ends_with_it(scenario):
+    """PEFT matches target_modules by the name's tail: Qwen-1's "c_proj" adapts attn.c_proj and mlp.c_proj."""
+    s = scenario(model="Qwen/Qwen-7B", gpu="a100-80gb", tuning="lora", lora_rank=8, lora_targets=("c_proj",))
+    m = s.model
+    h, f = m.hidden_size, m.intermediate_size  # attn.c_proj: h -> h; mlp.c_proj: f -> h (f: the width of w1, w2)
+    lora = [t for t in scenario_tensors(s) if t.kind == "lora"]
+    assert {t.module for t in lora} == {"attn.c_proj", "mlp.c_proj"}
+    assert sum(t.numel * t.count for t in lora) == m.num_layers * 8 * (2 * h + (f + h))

@@ -40,6 +40,8 @@ ARCH_DEFAULTS: dict = {
     "dropout": 0.0,
     "eager_repeats_kv": True,
     "eager_score_bytes": 0,
+    "eager_softmax_in_input_dtype": False,
+    "eager_qk_fp32": False,
     "sdpa_math": False,
     "hidden_act": "silu",
     "attention_dropout": -1.0,
@@ -91,6 +93,11 @@ class ModelSpec:
     dropout: float = 0.0
     eager_repeats_kv: bool = True
     eager_score_bytes: int = 0
+    # without autocast, what eager attention keeps where it leaves dtypes to autocast: a softmax with no dtype=
+    # (GPT-2: the probabilities stay in the scores' dtype) and q/k upcast to fp32 before QK^T (GPT-J); CUDA autocast
+    # runs softmax in fp32 and casts matmul inputs back to bf16, so under autocast both read as the Llama path
+    eager_softmax_in_input_dtype: bool = False
+    eager_qk_fp32: bool = False
     # SDPA gets k/v heads the fused kernels refuse (Falcon-7B's one broadcast kv head, no enable_gqa), so torch
     # runs its math kernel: fp32 scores, the fp32 softmax kept for backward
     sdpa_math: bool = False

@@ -3,15 +3,20 @@ chooses them for a Linear of the given widths.
 
 Every method sees T (tokens), I (in_features), O (out_features) and R (rank). LoKr factors both widths into
 Kronecker factors, I = I1*I2 and O = O1*O2; OFT splits the input into K blocks of B, with P = B(B-1)/2
-trainable entries per block. tests/trace/test_peft_shapes.py checks these rules against the shapes of the
+trainable entries per block; BOFT splits it into K blocks of B = 4, each a full B x B matrix, and keeps an
+I x I permutation buffer. tests/trace/test_peft_shapes.py checks these rules against the shapes of the
 layers PEFT builds.
 """
 from __future__ import annotations
 
 from math import isqrt
 
+from memfit.errors import MemfitError
+
 # peft/tuners/oft/config.py OFTConfig: oft_block_size = 32, r = 0 (the block count follows from the width)
 OFT_BLOCK_SIZE = 32
+# peft/tuners/boft/config.py BOFTConfig: boft_block_size = 4, boft_block_num = 0, boft_n_butterfly_factor = 1
+BOFT_BLOCK_SIZE = 4
 
 
 def kron_factors(dimension: int) -> tuple[int, int]:
@@ -48,7 +53,18 @@ def layer_sizes(method: str, in_features: int, out_features: int, rank: int) -> 
     elif method == "oft":
         b = oft_block(in_features)
         sizes |= {"B": b, "K": in_features // b, "P": b * (b - 1) // 2}
+    elif method == "boft":
+        sizes |= {"B": BOFT_BLOCK_SIZE, "K": boft_blocks(in_features)}
     return sizes
+
+
+def boft_blocks(in_features: int) -> int:
+    """BOFT does not adjust its block size as OFT does: a width it does not divide is refused
+    (peft/tuners/boft/layer.py BOFTLayer.update_layer raises ValueError)."""
+    if in_features % BOFT_BLOCK_SIZE:
+        raise MemfitError(f"boft: a Linear {in_features} wide is not a whole number of PEFT's blocks of "
+                          f"{BOFT_BLOCK_SIZE}; PEFT refuses it (choose other --lora-targets)")
+    return in_features // BOFT_BLOCK_SIZE
 
 
 def fact_key(method: str, sizes: dict[str, int]) -> str:

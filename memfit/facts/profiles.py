@@ -15,6 +15,7 @@ from memfit.facts.engines import ENGINES
 from memfit.facts.engines.deepspeed import hf_auto_buckets
 from memfit.facts.frameworks import Framework, framework
 from memfit.facts.knobs import acting_when, inert_because, knobs
+from memfit.facts.loss_tail import notes as loss_notes
 from memfit.facts.runtime import default_runtime
 from memfit.facts.methods import several_models
 from memfit.facts.scenario import Hardware, Scenario
@@ -138,7 +139,7 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
     s = Scenario(model=model, hardware=hardware, profile=profile_name, releases=releases, assumed=tuple(assumed),
                  **values)
     notes = [text for name, text in moved.items() if inert_because(s, name) is None]  # only where it acts
-    notes += _inert(s, given, typed) + _beyond_positions(s) + _machine(hardware)
+    notes += _inert(s, given, typed) + _beyond_positions(s) + _machine(hardware) + loss_notes(s)
     return replace(s, assumed=s.assumed + tuple(notes)) if notes else s
 
 

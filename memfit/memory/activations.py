@@ -12,6 +12,7 @@ from memfit.facts.adapters import bytes_of, facts_for, setup_name, wraps
 from memfit.facts.peft_shapes import layer_sizes
 from memfit.facts.activation_table import activation_saved, activation_saves_output
 from memfit.facts.engines import engine_of
+from memfit.facts.loss_tail import loss_tail, transformers_release
 from memfit.facts.recompute import Recompute
 from memfit.memory.inventory import ParamTensor, feedforward
 from memfit.facts.scenario import Scenario
@@ -87,16 +88,23 @@ def attention_per_token(s: Scenario, b: int) -> tuple[int, int, int]:
     if s.attention == "sdpa" and not _has_mask(s):  # no mask, enable_gqa: the flash kernel
         return b * (q + 2 * kv + q) + lse, 0, 0
     if s.attention == "sdpa":  # bool mask -> mem-efficient kernel over repeat_kv'd k, v
-        return b * (q + 2 * repeated + q) + lse, 0, 0
+        # one kv head: repeat_kv's expand + reshape of a size-1 head dim is a view, the kernel saves no copy (traced)
+        return b * (q + 2 * (kv if m.num_kv_heads == 1 else repeated) + q) + lse, 0, 0
     # eager: q and repeated k for QK^T, fp32 softmax output and its bf16 cast for PV, repeated v (the
     # contiguous copy of the output is o_proj's input, counted with the Linear inputs); attention dropout
     # keeps a bool mask per score
     if not m.eager_repeats_kv:
         repeated = kv
-    dropout_mask = 1 if m.attn_dropout > 0 else 0
-    per_key_saved = m.num_heads * (4 + b + (b if m.attn_softcap else 0) + dropout_mask)  # softcap: tanh output
-    per_key_transient = m.num_heads * (m.eager_score_bytes or b + b + 4)  # scores, masked scores, fp32 softmax
-    return b * (q + 2 * repeated), per_key_saved, per_key_transient
+    dropout = m.attn_dropout > 0
+    # a softmax left to autocast (no dtype=) runs in fp32 on CUDA under autocast, else in the scores' dtype; then
+    # its output is PV's input too, and only a dropout in between makes PV read a second tensor
+    fp32_softmax = s.runs_autocast or not m.eager_softmax_in_input_dtype
+    probs = 4 if fp32_softmax else b
+    pv_input = b if fp32_softmax or dropout else 0
+    per_key_saved = m.num_heads * (probs + pv_input + (b if m.attn_softcap else 0) + (1 if dropout else 0))
+    per_key_transient = m.num_heads * (m.eager_score_bytes or b + b + probs)  # scores, masked scores, softmax
+    qk = 4 if m.eager_qk_fp32 and not s.runs_autocast else b  # fp32 q, k copies saved by QK^T (GPT-J, no autocast)
+    return qk * (q + repeated) + b * repeated, per_key_saved, per_key_transient
 
 
 def _adapted(s: Scenario, adapters: list[ParamTensor]) -> dict[str, tuple[int, float]]:
@@ -146,6 +154,7 @@ def _peft_backward(s: Scenario, adapters: list[ParamTensor]) -> int:
         return 0
     widths = _peft_widths(s, adapters)
     return int(max((_peft_facts(s, mod, w)["backward_weights"] * w["I"] * w["O"] * s.adapter_bytes
+                    + bytes_of(_peft_facts(s, mod, w).get("backward", []), w, per_token=False)  # BOFT: I x I
                     for mod, w in widths.items()), default=0))
 
 
@@ -157,7 +166,9 @@ def _group_inputs(s: Scenario, b: int, rb: int, adapters: list[ParamTensor]) -> 
     cast per module. A LoRA adapter whose dtype differs from its input casts it (PEFT), and autocast casts
     it back: each such adapter saves a private copy. A frozen, unadapted Linear saves nothing."""
     m = s.model
-    adapted = _adapted(s, adapters)
+    # PEFT adapts transformers 5's stacked experts through their parameters (a weight-sized delta, counted in
+    # _expert_lora_deltas), not as Linears reading the routed tokens: no per-token input of theirs is saved (traced)
+    adapted = _adapted(s, [t for t in adapters if ".experts." not in t.name])
     peft = _peft_widths(s, adapters)
     ab = s.adapter_bytes
     trainable_base = s.tuning in ("full", "freeze")
@@ -207,20 +218,23 @@ def _norm_per_token(s: Scenario, b: int, rb: int) -> int:
     trains = s.tuning in ("full", "freeze", "ln_tuning")
     if m.norm == "rms":
         return 4 * h + ((4 if m.norm_fp32_scale else rb) * h if trains else 0)
+    if m.norm == "none":  # OLMo's parameter-free LayerNorm runs F.layer_norm on an fp32 copy (modeling_olmo.py)
+        return 4 * h + 8
     return rb * h + 8
 
 
 MOE_INDEX_BYTES_PER_PAIR = 36  # per (token, expert): int64 top-k index, sort and inverse permutations, weight
 
 
-def _moe_per_token(s: Scenario, b: int) -> int:
+def _moe_per_token(s: Scenario, b: int, experts_adapted: bool = False) -> int:
     """One MoE block, per token (transformers 5.x grouped experts, traced): each of the k routed copies keeps
     its gathered input, gate_up output, act(gate), down input and the down output kept by the routing-weight
     multiply; the router keeps an fp32 softmax; a shared expert saves like a dense gated MLP."""
     m = s.model
     h, f, k = m.hidden_size, m.moe_intermediate_size or m.intermediate_size, m.experts_per_token
     trains = s.tuning in ("full", "freeze")
-    pair = b * (2 * h + 4 * f) if trains else b * (h + 3 * f)
+    # adapted experts need their inputs for the delta's gradient, as trained ones do (traced)
+    pair = b * (2 * h + 4 * f) if trains or experts_adapted else b * (h + 3 * f)
     fs = m.shared_expert_intermediate_size or m.extra.get("n_shared_experts", 0) * f
     gate = b * h + b if m.extra.get("shared_expert_gate") or m.arch == "qwen2_moe" else 0
     return k * (pair + MOE_INDEX_BYTES_PER_PAIR) + 4 * m.num_experts + (4 if trains else 3) * fs * b + gate
@@ -251,11 +265,14 @@ def _layer_per_token(s: Scenario, b: int, rb: int, adapters) -> int:
     act = activation_saved(m.hidden_act)
     if m.mlp == "plain" and activation_saves_output(m.hidden_act) and s.tuning in ("full", "freeze"):
         act -= 1  # the output it keeps is the trainable down Linear's saved input, counted with the Linear inputs
-    mlp = _moe_per_token(s, b) if m.is_moe else int(b * ffn * (act + 2 if m.mlp == "gated" else act))
+    experts_adapted = any(".experts." in t.name for t in adapters)
+    mlp = _moe_per_token(s, b, experts_adapted) if m.is_moe else int(b * ffn * (act + 2 if m.mlp == "gated" else act))
     mlp += 2 * h if m.dropout > 0 else 0  # residual dropouts after attention and MLP: bool masks
     if m.qk_norm != "none":
-        # q/k norms: the fp32 input copy, and the normalized tensor their scale reads (fp32 when it scales in fp32)
-        attn += (4 + (4 if m.norm_fp32_scale else b)) * (m.num_heads + m.num_kv_heads) * m.head_dim
+        # q/k norms: the fp32 input copy, and, only when their weight trains, the normalized tensor the weight's
+        # gradient reads (fp32 when it scales in fp32); a frozen weight's multiply saves only the weight (traced)
+        scaled = (4 if m.norm_fp32_scale else b) if s.tuning in ("full", "freeze", "ln_tuning") else 0
+        attn += (4 + scaled) * (m.num_heads + m.num_kv_heads) * m.head_dim
     return norms + attn + norm_fed + others + mlp
 
 
@@ -296,7 +313,7 @@ def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
         logits_forward_peak=logits_fwd,
         logits_saved=logits_saved,
         logits_backward_peak=logits_bwd,
-        logits_grad=n * v * (4 if s.precision == "fp32" else b) if s.loss == "standard" else 0,
+        logits_grad=n * v * (4 if s.precision == "fp32" else b) if s.loss in ("standard", "inplace_ce") else 0,
         host_offloaded=checkpoint * ckpt_layers if offloaded else 0,
     )
 
@@ -335,8 +352,10 @@ def _logits(s: Scenario, n: int, v: int, b: int) -> tuple[int, int, int]:
     if s.loss == "chunked_output":
         c = -(-n // TORCHTUNE_CHUNKS)
         return n * v * (lb + 4) + c * v * up, n * v * 4, n * v * 4 + c * v * (8 + lb)
-    # standard: bf16 logits + fp32 copy + fp32 log_softmax output; backward: saved log_softmax,
-    # the dense nll grad and the log_softmax grad alive together. Soft-capped logits (Gemma 2) keep the
-    # tanh output for backward.
     cap = n * v * lb if s.model.logit_softcap else 0
+    if s.loss == "inplace_ce" or transformers_release(s):  # measured per release and family (facts/loss_tail.py)
+        return tuple(int(n * v * x) + cap for x in loss_tail(s, lb))
+    # standard, on the pinned transformers (tests/trace/test_loss_tail.py checks it against the measured row):
+    # bf16 logits + fp32 copy + fp32 log_softmax output; backward: saved log_softmax, the dense nll grad and the
+    # log_softmax grad alive together. Soft-capped logits (Gemma 2) keep the tanh output for backward.
     return n * v * (lb + up + 4) + cap, n * v * 4 + cap, n * v * 12 + cap

@@ -30,6 +30,7 @@ class ParamTensor:
     trainable: bool = True
     quantized: bool = False  # stored 4-bit (QLoRA or a GPTQ checkpoint)
     layer_index: int | None = None  # set by freeze tuning: which layers train
+    element_bytes: int = 0  # a frozen buffer whose dtype no cast decides (BOFT's fp32 permutations); 0: by kind
 
     @property
     def total(self) -> int:
@@ -174,7 +175,8 @@ def _targeted(t: ParamTensor, targets: tuple[str, ...], model: ModelSpec) -> boo
     if "all-linear" in targets or "all" in targets:
         return True  # PEFT's all-linear: every Linear except the output head
     roles = model.linear_names.get(t.module, [])
-    return t.module in targets or any(r in targets for r in roles)
+    # PEFT matches a target by the module name's tail: "c_proj" adapts both attn.c_proj and mlp.c_proj
+    return any(t.module == x or t.module.endswith("." + x) for x in targets) or any(r in targets for r in roles)
 
 
 def lora_tensors(model: ModelSpec, tensors: list[ParamTensor], rank: int, targets: tuple[str, ...],
@@ -218,10 +220,24 @@ def peft_tensors(model: ModelSpec, tensors: list[ParamTensor], method: str, rank
         facts = facts_for(method, "fp32", feedforward(model, method, t.module), sizes)
         out.append(ParamTensor(f"{t.name}.adapter", elements_of(facts["trainable"], sizes), t.count, "lora", t.module,
                                t.in_features, t.out_features, t.per_layer))
+    if method_info(method).get("frozen_per_linear"):
+        out += _frozen_per_linear(method, adapted, rank)
     if method_info(method).get("shared_frozen"):
         widest = {"I": max(t.in_features for t in adapted), "O": max(t.out_features for t in adapted), "R": rank}
         out.append(ParamTensor(f"{method}.shared", elements_of(facts_for(method, "fp32")["frozen"], widest), 1, "lora",
                                method, trainable=False))
+    return out
+
+
+def _frozen_per_linear(method: str, adapted: list[ParamTensor], rank: int) -> list[ParamTensor]:
+    """The frozen tensors of data/peft.toml beside each adapted Linear, in the dtype PEFT made them (one term
+    each: BOFT's I x I fp32 permutation buffer)."""
+    out = []
+    for t in adapted:
+        sizes = layer_sizes(method, t.in_features, t.out_features, rank)
+        for i, (term, nbytes) in enumerate(facts_for(method, "fp32", sizes=sizes)["frozen"]):
+            out.append(ParamTensor(f"{t.name}.adapter_buffer{i}", elements_of([(term, nbytes)], sizes), t.count, "lora",
+                                   t.module, per_layer=t.per_layer, trainable=False, element_bytes=nbytes))
     return out
 
 

@@ -38,8 +38,11 @@ def saved_units(name: str) -> tuple[float, bool]:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         y = act(x * 1)  # x * 1: the leaf itself is never what the activation sees
-    units = sum(t.element_size() for t in saved) / 2
-    return units, any(t.data_ptr() == y.data_ptr() for t in saved)
+    # one tensor saved by two ops (ReLU-squared: relu keeps its output, square keeps its input, the same tensor)
+    # is one tensor of memory
+    unique = {t.untyped_storage().data_ptr(): t for t in saved}.values()
+    units = sum(t.element_size() for t in unique) / 2
+    return units, any(t.data_ptr() == y.data_ptr() for t in unique)
 
 
 def derive() -> dict[str, tuple[float, bool]]:

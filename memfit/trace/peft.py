@@ -2,6 +2,8 @@
 with PEFT's own config classes so the trace runs PEFT's own layers."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from memfit.errors import MemfitError
 from memfit.facts.adapters import adapter_methods, method_info, wraps
 from memfit.facts.catalog import ModelSpec, architectures
@@ -9,7 +11,8 @@ from memfit.facts.scenario import Scenario
 
 # parameter and buffer names PEFT gives each method's tensors (peft/tuners/*/layer.py adapter_layer_names,
 # other_param_names): they take the adapters' dtype
-ADAPTER_PREFIXES = ("lora_", "ia3_", "vera_", "hada_", "lokr_", "oft_R", "prompt_encoder", "ln_tuning_layers")
+ADAPTER_PREFIXES = ("lora_", "ia3_", "vera_", "hada_", "lokr_", "oft_R", "boft_R", "boft_s", "prompt_encoder",
+                    "ln_tuning_layers")
 
 
 def is_adapter(name: str, scenario: Scenario) -> bool:
@@ -99,6 +102,8 @@ def _config(s: Scenario, family: str, model):
         return peft.VeraConfig(r=s.lora_rank, vera_dropout=s.lora_dropout, **common)
     if s.tuning == "oft":  # PEFT's default blocks of 32 (facts/peft_shapes.py); its r counts blocks
         return peft.OFTConfig(**common)
+    if s.tuning == "boft":  # PEFT's default blocks of 4, one butterfly factor (facts/peft_shapes.py)
+        return peft.BOFTConfig(**common)
     return getattr(peft, info["peft"])(r=s.lora_rank, **common)
 
 
@@ -108,10 +113,30 @@ def apply_peft(model, scenario: Scenario, family: str):
 
     if scenario.tuning not in adapter_methods():
         return apply_lora(model, scenario, family)
-    model = get_peft_model(model, _config(scenario, family, model))
+    with _shaped_permutations(scenario.tuning == "boft"):
+        model = get_peft_model(model, _config(scenario, family, model))
     if scenario.tuning in ("loha", "lokr"):
         _always_keep_modules(model)
     return model
+
+
+@contextmanager
+def _shaped_permutations(wanted: bool):
+    """BOFT fills its I x I permutation buffer entry by entry (boft/layer.py perm2mat), reading each index's value,
+    which a meta tensor does not have. The trace needs its shape and dtype only: an empty (I, I) fp32 matrix, as
+    perm2mat's own torch.zeros((n, n)) makes it."""
+    if not wanted:
+        yield
+        return
+    import torch
+    from peft.tuners.boft.layer import BOFTLayer
+
+    original = BOFTLayer.perm2mat
+    BOFTLayer.perm2mat = lambda self, indices: torch.zeros((len(indices), len(indices)))
+    try:
+        yield
+    finally:
+        BOFTLayer.perm2mat = original
 
 
 class _AlwaysKept:

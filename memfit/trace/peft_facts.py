@@ -45,6 +45,11 @@ def _blocks(t, k, b, o):
     return {"T": t, "I": k * b, "O": o, "B": b, "K": k, "P": b * (b - 1) // 2}
 
 
+def _butterfly(t, k, b, o):
+    """BOFT sizes: in = K blocks of B (its rotation blocks are full B x B matrices: no P)."""
+    return {"T": t, "I": k * b, "O": o, "B": b, "K": k}
+
+
 # method -> (two sets of named sizes, each the sizes PEFT sees; the second only checks the first). LoKr's two
 # variants are PEFT's two branches of its second factor: low rank (w2_a @ w2_b) when r < max(O2, I2) / 2, else a
 # full O2 x I2 matrix; its first factor is full (decompose_both=False, PEFT's default).
@@ -54,6 +59,7 @@ METHOD_SIZES = {
     "lokr": (_kron(29, 3, 17, 5, 19, 7), _kron(37, 7, 23, 11, 29, 3)),
     "lokr_full": (_kron(29, 3, 11, 5, 13, 17), _kron(37, 5, 11, 3, 13, 29)),
     "oft": (_blocks(29, 7, 5, 13), _blocks(31, 3, 11, 17)),
+    "boft": (_butterfly(29, 7, 5, 13), _butterfly(31, 3, 11, 17)),
 }
 
 
@@ -72,6 +78,7 @@ def _configs(sizes: dict) -> dict:
         "lokr": lambda: peft.LoKrConfig(r=r, target_modules=["proj"]),
         "lokr_full": lambda: peft.LoKrConfig(r=r, target_modules=["proj"]),
         "oft": lambda: peft.OFTConfig(oft_block_size=sizes.get("B", 0), target_modules=["proj"]),
+        "boft": lambda: peft.BOFTConfig(boft_block_size=sizes.get("B", 0), target_modules=["proj"]),
     }
 
 
@@ -115,8 +122,8 @@ def _wrapped(method: str, sizes: dict, frozen, adapter):
     model = peft.get_peft_model(_One(sizes["I"], sizes["O"]), _configs(sizes)[method]())
     for p in model.parameters():
         p.data = p.data.to(adapter if p.requires_grad else frozen)
-    for b in model.buffers():  # VeRA's shared projections: a module cast (DeepSpeed) casts them with the adapters
-        if b.is_floating_point():
+    for name, b in model.named_buffers():  # VeRA's shared projections: a module cast (DeepSpeed) casts them
+        if b.is_floating_point() and not name.endswith(KEPT_FP32):  # with the adapters
             b.data = b.data.to(adapter)
     return model
 
@@ -133,6 +140,9 @@ def _tensor_terms(tensors, sizes: dict) -> list[tuple[str, int]]:
     return out
 
 
+# buffers PEFT creates in fp32 and never casts: BOFT's permutation matrices are not among its adapter names
+# (boft/layer.py update_layer: register_buffer("boft_P", torch.empty(...)), so a single-GPU run keeps them fp32
+KEPT_FP32 = ("boft_P",)
 # a variant is one branch of PEFT's layer: the parameter that branch creates (the sizes must take it)
 BRANCH = {"lokr": "lokr_w2_a", "lokr_full": "lokr_w2."}
 
@@ -174,13 +184,17 @@ WIDE_SIZES = {
     "lokr": (_kron(16, 32, 32, 32, 64, 8), _kron(16, 32, 64, 32, 32, 8)),
     "lokr_full": (_kron(16, 32, 32, 32, 64, 64), _kron(16, 32, 64, 32, 32, 64)),
     "oft": (_blocks(16, 32, 32, 2048), _blocks(16, 64, 32, 1024)),
+    "boft": (_butterfly(16, 256, 4, 2048), _butterfly(16, 512, 4, 1024)),
 }
+# methods whose backward temporaries are as wide as the input on both sides (BOFT's rotation, I x I), read as
+# bytes per I*I element instead of weight-sized copies
+SQUARE_BACKWARD = ("boft",)
 
 
 def backward_weight_copies(method: str, autocast: bool, frozen, adapter, wide: dict = WIDE[0]) -> float:
     """Weight-sized tensors (I x O in the adapters' dtype) alive at once in one adapted Linear's backward beyond
     what its forward left (LoHa's HadaWeight.backward: 4), to the nearest half; counted with the trace's
-    allocator model (memfit/trace/accountant.py)."""
+    allocator model (memfit/trace/accountant.py). SQUARE_BACKWARD methods: bytes per I*I element instead."""
     from memfit.trace.accountant import Accountant
 
     model = _wrapped(method, wide, frozen, adapter)
@@ -195,7 +209,8 @@ def backward_weight_copies(method: str, autocast: bool, frozen, adapter, wide: d
         acc.enter_phase("backward", 0)
         loss.backward()
     weight = wide["I"] * wide["O"] * torch.finfo(adapter).bits // 8
-    return round(2 * (acc.peaks["0:backward"].total - after_forward) / weight) / 2
+    unit = wide["I"] * wide["I"] if method in SQUARE_BACKWARD else weight  # BOFT: bytes per I*I element
+    return round(2 * (acc.peaks["0:backward"].total - after_forward) / unit) / 2
 
 
 def _agreed(method: str, setup: str, readings: list):
@@ -213,8 +228,9 @@ def derive() -> dict:
         for name, autocast, frozen, adapter in SETUPS:
             f = _agreed(method, name, [layer_facts(method, autocast, frozen, adapter, sizes) for sizes in size_sets])
             wide = WIDE_SIZES.get(method, WIDE)
-            f["backward_weights"] = _agreed(method, name, [backward_weight_copies(method, autocast, frozen, adapter, w)
-                                                           for w in wide])
+            copies = _agreed(method, name, [backward_weight_copies(method, autocast, frozen, adapter, w) for w in wide])
+            f["backward_weights"] = 0 if method in SQUARE_BACKWARD else copies
+            f["backward"] = [("I*I", copies)] if method in SQUARE_BACKWARD else []
             facts[method][name] = f
     return facts
 
@@ -227,7 +243,7 @@ def render(facts: dict) -> str:
     import peft
 
     lines = ["# What each PEFT method adds to one adapted Linear (T tokens, I in_features, O out_features, R rank;",
-             "# LoKr: I = I1*I2, O = O1*O2, PEFT's Kronecker factors; OFT: I = K blocks of B, P = B(B-1)/2).",
+             "# LoKr: I = I1*I2, O = O1*O2, PEFT's Kronecker factors; OFT, BOFT: I = K blocks of B, P = B(B-1)/2).",
              "# Each term is [size product, bytes per element]. Written by",
              "# `python -m memfit.trace.peft_facts` (PEFT's own layers run on CPU tensors); do not edit by hand.",
              "#   trainable / frozen  tensors the method adds (frozen: VeRA's shared projections, AdaLoRA's rank,",
@@ -235,13 +251,18 @@ def render(facts: dict) -> str:
              "#   saved               what a forward keeps for backward beyond the weights and the input itself",
              "#   saves_input         a saved tensor is the layer's input (shared with the other Linears reading it)",
              "#   backward_weights    weight-sized (I*O, adapter dtype) temporaries of the layer's backward",
+             "#   backward            BOFT: temporaries of the backward as [I*I, bytes per element] (its rotation)",
              "#   lokr / lokr_full    PEFT's two LoKr branches: r < max(O2, I2) / 2 (low-rank w2), else a full w2",
+             "#   boft                I = K blocks of B (PEFT's default B = 4); frozen: its I x I fp32 permutation",
+             "#                       buffer, counted beside each adapted Linear (data/adapters.toml frozen_per_linear)",
              f'peft = "{peft.__version__}"', f'torch = "{torch.__version__}"', ""]
     for method, setups in facts.items():
         for setup, f in setups.items():
             lines += [f"[{method}.{setup}]", f"trainable = {_terms(f['trainable'])}", f"frozen = {_terms(f['frozen'])}",
                       f"saved = {_terms(f['saved'])}", f"saves_input = {str(f['saves_input']).lower()}",
-                      f"backward_weights = {f['backward_weights']:g}", ""]
+                      f"backward_weights = {f['backward_weights']:g}"]
+            lines += [f"backward = {_terms([(t, f'{b:g}') for t, b in f['backward']])}"] if f["backward"] else []
+            lines += [""]
     return "\n".join(lines)
 
 

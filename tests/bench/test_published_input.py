@@ -123,3 +123,16 @@ def test_peers_reads_the_same_broken_file(tmp_path):
     _, skipped = peers.published_rows(path)
     assert [i for i, _ in skipped] == ["(line 2)", GOOD["id"]]
     assert "seq_len" in skipped[1][1]
+
+
+def test_fms_rows_are_estimated_as_the_transformers_and_foak_loss_they_ran():
+    """fms-acceleration's refs ran transformers 4.48.1; FOAK's fast loss is an in-place cross entropy for the
+    Llama family there, and does not reach GPTBigCode's 4.48 loss (published.py says why)."""
+    by_id = {c["id"]: c for c in REAL}
+    foak = [c for c in REAL if c["id"].startswith("fms-") and "foak" in (c.get("kernels") or "").lower()]
+    llama = published.scenario_for(next(c for c in foak if "Mistral-7B" in c["model"]))
+    bigcode = published.scenario_for(next(c for c in foak if "santacoder" in c["model"]))
+    assert dict(llama.releases) == dict(bigcode.releases) == {"transformers": published.FMS_TRANSFORMERS}
+    assert (llama.loss, bigcode.loss) == ("inplace_ce", "standard")
+    plain = next(c for c in REAL if c["id"].startswith("fms-") and not c.get("kernels"))
+    assert published.scenario_for(by_id[plain["id"]]).loss == "standard"

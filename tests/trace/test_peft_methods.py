@@ -85,11 +85,13 @@ def test_estimate_within_3_percent_of_the_trace(method, _, knobs):
     ("lokr", AUTOCAST | dict(lora_rank=8)),  # every Linear takes PEFT's low-rank w2 branch (Qwen2.5-0.5B widths)
     ("lokr", BF16_CKPT | dict(lora_rank=64)),  # every Linear takes the full-w2 branch
     ("oft", FP32_ADAPTERS),
-], ids=["lokr-r8-autocast", "lokr-r64-bf16-ckpt", "oft-fp32-adapters"])
+    ("boft", BF16_CKPT),  # down_proj's 4864 x 4864 rotation and permutation buffer (five minutes of tracing)
+], ids=["lokr-r8-autocast", "lokr-r64-bf16-ckpt", "oft-fp32-adapters", "boft-bf16-ckpt"])
 def test_methods_with_factor_sizes_on_every_linear_within_3_percent(method, knobs):
-    """LoKr and OFT size their tensors by factors of each Linear's widths (facts/peft_shapes.py); adapting every
-    Linear makes those tensors (LoKr's weight-sized delta, OFT's rotated input) show in the peak: LoKr r8 under
-    autocast peaks 26% above LoRA r1, OFT with fp32 adapters 5% above."""
+    """LoKr, OFT and BOFT size their tensors by factors of each Linear's widths (facts/peft_shapes.py); adapting
+    every Linear makes those tensors (LoKr's weight-sized delta, OFT's rotated input, BOFT's I x I rotation and
+    fp32 permutation buffer) show in the peak: LoKr r8 under autocast peaks 26% above LoRA r1, OFT with fp32
+    adapters 5% above."""
     from memfit.trace.run import run_trace
 
     s = _scenario(method, lora_targets=("all-linear",), **knobs)
@@ -112,10 +114,40 @@ def test_ia3_scales_the_mlp_input_and_the_others_outputs():
     (dict(tuning="loha", lora_dropout=0.1), "no input dropout"),
     (dict(tuning="ia3", lora_targets=("nonexistent",)), "match no module"),
     (dict(tuning="ln_tuning", profile="peft-loop"), "LN tuning with fp32 norm copies"),
+    (dict(tuning="boft", lora_dropout=0.1), "no input dropout"),
 ])
 def test_options_a_method_does_not_have_are_refused(knobs, words):
     with pytest.raises(MemfitError, match=words):
         estimate(_scenario(**knobs))
+
+
+def test_a_rank_for_a_rankless_method_is_refused_on_the_command_line():
+    out = subprocess.run([sys.executable, "-m", "memfit.interfaces.cli.main", "estimate", "Qwen/Qwen2.5-0.5B", "--gpu",
+                          "a100-80gb", "--tuning", "boft", "--lora-rank", "8"], capture_output=True, text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip() == ("memfit: error: --lora-rank has no effect here: an adapter rank, and --tuning "
+                                  "boft has none; leave it out")
+
+
+def test_boft_refuses_a_linear_its_blocks_do_not_divide():
+    from dataclasses import replace
+
+    odd = replace(find_model("qwen2.5-0.5b"), intermediate_size=4862)  # down_proj reads 4862 = 4 * 1215 + 2
+    given = {"tuning": "boft", "lora_targets": ("all-linear",)}
+    with pytest.raises(MemfitError, match="4862 wide is not a whole number of PEFT's blocks of 4"):
+        estimate(build_scenario(odd, Hardware(find_gpu("a100-80gb")), given, "hf-trainer"))
+    assert estimate(build_scenario(odd, Hardware(find_gpu("a100-80gb")), given | {"lora_targets": ("q", "v")},
+                                   "hf-trainer")).trainable_params > 0
+
+
+def test_boft_counts_its_fp32_permutation_buffer_per_adapted_linear():
+    """Each adapted Linear keeps an I x I fp32 buffer (PEFT boft_P): the frozen weights grow by 4 I^2 a Linear."""
+    from memfit.memory.inventory import tuned_tensors
+
+    s = _scenario("boft", lora_targets=("q",))
+    buffers = [t for t in tuned_tensors(s.model, "boft", s.lora_rank, s.lora_targets) if t.element_bytes]
+    h = s.model.hidden_size
+    assert sum(t.total * t.element_bytes for t in buffers) == s.model.num_layers * h * h * 4
 
 
 def test_prompt_tuning_runs_the_virtual_tokens_through_every_layer():

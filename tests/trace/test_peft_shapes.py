@@ -1,4 +1,4 @@
-"""memfit's rules for the factor sizes of LoKr and OFT (facts/peft_shapes.py) choose what PEFT itself chooses:
+"""memfit's rules for the factor sizes of LoKr, OFT and BOFT (facts/peft_shapes.py) choose what PEFT itself chooses:
 the layers PEFT builds for real widths (on the meta device) have the shapes the rules give."""
 import warnings
 
@@ -8,7 +8,9 @@ torch = pytest.importorskip("torch")
 peft = pytest.importorskip("peft")
 
 from memfit.facts.adapters import elements_of, facts_for  # noqa: E402
+from memfit.errors import MemfitError  # noqa: E402
 from memfit.facts.peft_shapes import fact_key, kron_factors, layer_sizes, oft_block  # noqa: E402
+from memfit.trace.peft import _shaped_permutations  # noqa: E402
 
 # (in, out): Llama / Mistral attention and MLP, Qwen2-7B's MLP, TinyLlama's MLP, Qwen2.5-0.5B's k/v, and widths
 # no block of 32 divides (3000, 1000) or that are prime (127: one Kronecker factor is 1)
@@ -52,6 +54,27 @@ def test_oft_block_size_is_peft_s(fan_in, fan_out):
     assert layer.r["default"] == sizes["K"]
     trainable = sum(p.numel() for p in layer.parameters() if p.requires_grad)
     assert elements_of(facts_for("oft", "fp32", sizes=sizes)["trainable"], sizes) == trainable
+
+
+@pytest.mark.parametrize("fan_in, fan_out", WIDTHS)
+def test_boft_blocks_and_buffer_are_peft_s(fan_in, fan_out):
+    """BOFT's blocks of 4 (a width they do not divide: PEFT and memfit both refuse it), its trainable tensors and
+    its per-Linear permutation buffer, against the layer PEFT builds (on meta; the buffer's entries unfilled)."""
+    if fan_in % 4:
+        with pytest.raises(ValueError, match="divisible by boft_block_size"), _shaped_permutations(True):
+            _built(peft.BOFTConfig(target_modules=["proj"]), fan_in, fan_out)
+        with pytest.raises(MemfitError, match="blocks of 4"):
+            layer_sizes("boft", fan_in, fan_out, 8)
+        return
+    with _shaped_permutations(True):
+        layer = _built(peft.BOFTConfig(target_modules=["proj"]), fan_in, fan_out)
+    sizes = layer_sizes("boft", fan_in, fan_out, 8)
+    assert tuple(layer.boft_R["default"].shape) == (1, sizes["K"], sizes["B"], sizes["B"])
+    facts = facts_for("boft", "fp32", sizes=sizes)
+    trainable = sum(p.numel() for p in layer.parameters() if p.requires_grad)
+    assert elements_of(facts["trainable"], sizes) == trainable
+    assert elements_of(facts["frozen"], sizes) == layer.boft_P.numel()
+    assert facts["frozen"][0][1] == layer.boft_P.element_size()
 
 
 def test_the_rules_on_numbers_whose_answer_is_known():

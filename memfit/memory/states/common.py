@@ -90,6 +90,8 @@ def frozen_bytes(s, tensors: list[ParamTensor]) -> float:
     frozen_dtype = 4 if s.precision == "fp32" or s.kbit_upcast and s.tuning == "qlora" else s.compute_bytes
 
     def dtype(t: ParamTensor) -> float:  # a frozen adapter tensor (VeRA's projections) has the adapters' dtype
+        if t.element_bytes and s.engine != "deepspeed":  # DeepSpeed casts the whole module, buffers too
+            return t.element_bytes
         return quantized_bytes(s) if t.quantized else s.adapter_bytes if t.kind == "lora" else frozen_dtype
     return sum(t.total * dtype(t) for t in tensors if not t.trainable)
 
