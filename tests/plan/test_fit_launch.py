@@ -29,7 +29,7 @@ FORMS = {
     "hf/deepspeed_num_gpus.sh": (["--gpu", "a100-80gb"], {"launch_examples/hf/deepspeed_num_gpus.sh",
                                                           "examples/hf/ds_config_zero2.json"}),
     "hf/torchrun_run_clm.sh": (RTX, {"launch_examples/hf/torchrun_run_clm.sh", "examples/hf/ds_config_zero2.json"}),
-    "trl/dpo_module.sh": (RTX + ["--gpu-mem", "2GiB"], {"launch_examples/trl/dpo_module.sh"}),  # python -m
+    "trl/dpo_module.sh": (RTX + ["--gpu-mem", "1.95GiB"], {"launch_examples/trl/dpo_module.sh"}),  # python -m
     "trl/sft_cli.txt": (RTX + ["--gpu-mem", "8GiB"], {"launch_examples/trl/sft_cli.txt",  # trl sft --config
                                                       "launch_examples/trl/examples/cli_configs/example_config.yaml"}),
     "trl/sft_zero3.sh": (RTX + ["--gpu-mem", "3GiB"], {f"{TRL}/sft_zero3.sh",
