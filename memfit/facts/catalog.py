@@ -43,6 +43,8 @@ ARCH_DEFAULTS: dict = {
     "eager_softmax_in_input_dtype": False,
     "eager_qk_fp32": False,
     "sdpa_math": False,
+    "has_sdpa": True,
+    "has_flash": True,
     "hidden_act": "silu",
     "attention_dropout": -1.0,
     "learned_position_offset": 0,
@@ -101,6 +103,8 @@ class ModelSpec:
     # SDPA gets k/v heads the fused kernels refuse (Falcon-7B's one broadcast kv head, no enable_gqa), so torch
     # runs its math kernel: fp32 scores, the fp32 softmax kept for backward
     sdpa_math: bool = False
+    has_sdpa: bool = True  # transformers has an SDPA / flash-attention path for the family (its _supports_* flags)
+    has_flash: bool = True
     hidden_act: str = "silu"  # the MLP activation (transformers ACT2FN name); activations.toml says what it saves
     attention_dropout: float = -1.0  # the attention-probability dropout; -1 = same as `dropout`
     learned_position_offset: int = 0  # extra rows of a learned position table (OPT: 2)

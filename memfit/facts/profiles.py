@@ -19,6 +19,7 @@ from memfit.facts.loss_tail import notes as loss_notes
 from memfit.facts.runtime import default_runtime
 from memfit.facts.methods import several_models
 from memfit.facts.scenario import Hardware, Scenario
+from memfit.facts.versions import pinned
 
 
 
@@ -121,6 +122,7 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
         values["role_gpus"] = tuple(sorted(values["role_gpus"].items()))
     if isinstance(values.get("lora_targets"), list):
         values["lora_targets"] = tuple(values["lora_targets"])
+    _attention_kernel(values, model, "attention" in typed, "attention" in given, assumed)
     engine = _engine(given, fw.defaults, hardware, assumed, profile_name)
     values["engine"] = engine
     values |= _engine_values(engine, given, fw, model)
@@ -166,6 +168,22 @@ BEYOND_POSITIONS = {
     "alibi": "ALiBi runs it, but the model never trained on such lengths",
     "learned": "the learned position table has no row for it: the real run fails",
 }
+
+
+def _attention_kernel(values: dict, model: ModelSpec, typed: bool, given: bool, assumed: list[str]) -> None:
+    """A kernel transformers has no path for in this family (ModelSpec.has_sdpa / has_flash): typed, an error;
+    from a profile's default, eager (transformers' own fallback); from a file, eager and a warning that
+    transformers refuses the file's choice at load."""
+    kernel = values.get("attention")
+    if {"sdpa": model.has_sdpa, "flash": model.has_flash}.get(kernel, True):
+        return
+    valid = ", ".join(k for k, ok in (("eager", True), ("sdpa", model.has_sdpa), ("flash", model.has_flash)) if ok)
+    why = f"transformers {pinned()['transformers']} has no {kernel} attention for {model.arch} models"
+    if typed:
+        raise MemfitError(f"--attention {kernel}: {why}; valid: {valid}")
+    values["attention"] = "eager"
+    assumed.append(f"attention eager: {why}" + ("; the file's choice is refused when the model loads" if given
+                                                else " (it falls back to eager)"))
 
 
 def _beyond_positions(s: Scenario) -> list[str]:

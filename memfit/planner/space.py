@@ -156,9 +156,10 @@ def micro_batches(base: Scenario, per_gpu: int) -> list[int]:
 def act_options(base: Scenario, ak: ActKnobs, opts: dict, per_gpu: int, several: bool = False) -> list[ActKnobs]:
     """Activation settings; with several models the loss and packing stay the user's (memfit/roles/estimate.py computes
     the log-probs the framework's way whatever --loss says, and does not model packed preference rows)."""
-    flash_ok = base.hardware.gpu.compute_capability >= 8.0
+    has = {"flash": base.model.has_flash and base.hardware.gpu.compute_capability >= 8.0,
+           "sdpa": base.model.has_sdpa}  # kernels the GPU and the family's transformers code have
     ckpts = unique([ak.checkpointing, *opts["checkpointing"]])
-    attentions = unique([ak.attention] + [x for x in opts["attention"] if x != "flash" or flash_ok])
+    attentions = unique([ak.attention] + [x for x in opts["attention"] if has.get(x, True)])
     losses = unique([ak.loss] + (["liger"] if opts["liger"] and not several else []))
     paddings = unique([ak.padding] + ([opts["packing"]] if opts["packing"] and not several else []))
     out = []
