@@ -9,6 +9,7 @@ against this table's row of the pinned release; the table is read for a release 
 from __future__ import annotations
 
 from memfit.facts.data_table import data_table
+from memfit.facts.releases import parse_version
 from memfit.facts.versions import pinned
 
 Tail = tuple[float, float, float]
@@ -18,16 +19,12 @@ def _table() -> dict:
     return data_table("loss_tail.toml")
 
 
-def _key(version: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in version.split(".")[:3])
-
-
 def measured_release(version: str) -> str | None:
     """The measured release whose facts stand for `version` (its `covers` range holds it), or None."""
-    got = _key(version)
+    got, key = parse_version("transformers", version), lambda v: parse_version("transformers", v)
     for release, facts in _table()["transformers"].items():
         low, high = facts["covers"]
-        if _key(low) <= got < _key(high):
+        if key(low) <= got < key(high):
             return release
     return None
 

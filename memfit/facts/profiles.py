@@ -182,6 +182,7 @@ def _attention_kernel(values: dict, model: ModelSpec, typed: bool, given: bool, 
     if typed:
         raise MemfitError(f"--attention {kernel}: {why}; valid: {valid}")
     values["attention"] = "eager"
+    assumed[:] = [a for a in assumed if not a.startswith(f"attention={kernel} (")]  # the default it replaces
     assumed.append(f"attention eager: {why}" + ("; the file's choice is refused when the model loads" if given
                                                 else " (it falls back to eager)"))
 

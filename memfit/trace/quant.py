@@ -109,6 +109,11 @@ def quantize_linears(model: nn.Module, hf_model: nn.Module, compute_dtype: torch
         from memfit.errors import MemfitError
 
         raise MemfitError("trace does not model QLoRA + DoRA (PEFT dequantizes the 4-bit weight for the norm)")
+    if any(p.dim() == 3 for p in hf_model.parameters()):  # transformers 5's stacked experts
+        from memfit.errors import MemfitError
+
+        raise MemfitError("trace does not model QLoRA over stacked MoE experts (bitsandbytes leaves them unquantized "
+                          "and the k-bit upcast makes them fp32, which the grouped expert matmul refuses)")
     count = 0
     for parent_name, parent in list(model.named_modules()):
         for child_name, child in list(parent.named_children()):
@@ -116,7 +121,9 @@ def quantize_linears(model: nn.Module, hf_model: nn.Module, compute_dtype: torch
                 continue
             setattr(parent, child_name, Linear4bit(child))
             count += 1
-        if isinstance(parent, LoraLayer):
+        if isinstance(parent, LoraLayer) and isinstance(getattr(parent, "base_layer", None), Linear4bit):
+            # only adapters over a quantized Linear: bitsandbytes leaves stacked expert parameters unquantized,
+            # and PEFT's own wrapper of them (its forward returns the experts' tuple) keeps its forward
             parent.forward = types.MethodType(_lora_4bit_forward, parent)
     return (f"QLoRA: {count} Linear layers as NF4 + double-quant stand-ins (bitsandbytes storage sizes, "
             f"per-layer dequantized {str(compute_dtype).removeprefix('torch.')} transient)")

@@ -191,3 +191,14 @@ def test_falcon_7b_sdpa_runs_torchs_math_kernel_and_the_estimate_keeps_its_score
     est, traced = sum(e.get(c) for c in compared), sum(t.get(c) for c in compared)
     assert -0.01 <= (est - traced) / traced <= 0.04, (est, traced)
     assert any("math kernel" in a for a in estimate(s).assumptions)
+
+
+def test_qlora_over_stacked_moe_experts_is_refused_by_the_trace_in_one_line(tmp_path):
+    """bitsandbytes quantizes Linears only; the stacked experts stay, and PEFT's k-bit upcast makes them fp32."""
+    from memfit.trace.run import run_trace
+
+    path = any_config.write_config(tmp_path, "qwen3_moe")
+    s = build_scenario(find_model(str(path)), Hardware(gpu=find_gpu("a100-80gb")),
+                       {"tuning": "qlora", "seq_len": 256, "micro_batch": 1})
+    with pytest.raises(MemfitError, match="QLoRA over stacked MoE experts"):
+        run_trace(s)
