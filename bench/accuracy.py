@@ -209,8 +209,12 @@ def scoreboard(comparisons: list[Comparison]) -> list[Comparison]:
 
 
 def group_summaries(comparisons: list[Comparison]) -> dict:
-    """Median / max |error| of the groups beside the SFT grid (DPO rows, MoE rows from both lists)."""
-    return {name: summary([c for c in comparisons if member(c.row)]) for name, member in GROUPS.items()}
+    """Median / max |error| of the groups beside the SFT grid (DPO rows, MoE rows from both lists), and of the
+    framework paths traced on their own code (bench/framework_paths.py)."""
+    from framework_paths import framework_groups
+
+    return {name: summary([c for c in comparisons if member(c.row)])
+            for name, member in GROUPS.items()} | framework_groups()
 
 
 def extended_summary(comparisons: list[Comparison]) -> dict:

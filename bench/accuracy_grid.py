@@ -28,10 +28,13 @@ class GridRow:
     lora_rank: int = 16
     padding: str | None = None  # None = the hf-trainer default (padded)
     method: str = "sft"  # dpo: OpenRLHF's DPO step (policy + reference, chosen + rejected rows)
+    trainable_tokens: int = 0  # PEFT trainable tokens: embedding rows that train (alone, or beside LoRA)
 
     @property
     def id(self) -> str:
         tuning = f"{self.tuning}{self.lora_rank}" if self.ranked else self.tuning
+        if self.trainable_tokens:  # the rows that train: trainable_tokens64, lora16-tokens64
+            tuning += f"{'' if self.tuning == 'trainable_tokens' else '-tokens'}{self.trainable_tokens}"
         ckpt = "ckpt" if self.checkpointing != "off" else "nockpt"
         opt = self.optimizer.removeprefix("adamw-")
         pad = f"/{self.padding}" if self.padding else ""
@@ -55,6 +58,8 @@ class GridRow:
             knobs["lora_rank"] = self.lora_rank
         if self.method != "sft":
             knobs["method"] = self.method
+        if self.trainable_tokens:
+            knobs["trainable_tokens"] = self.trainable_tokens
         return knobs
 
     def scenario(self) -> Scenario:
@@ -175,15 +180,21 @@ def moe_grid() -> list[GridRow]:
 
 # PEFT methods besides LoRA (data/adapters.toml), each with PEFT's default targets under the hf-trainer profile
 # (autocast over fp32 adapters)
-PEFT_METHODS = ("ia3", "vera", "adalora", "loha", "lokr", "oft", "boft", "prompt", "ptuning", "ln_tuning")
+PEFT_METHODS = ("ia3", "vera", "adalora", "loha", "lokr", "oft", "boft", "prompt", "ptuning", "ln_tuning",
+                "trainable_tokens")
+# PEFT trainable tokens: 64 rows (PEFT has no default); LoRA with them as LoraConfig trainable_token_indices
+TOKEN_ROWS = 64
 PEFT_RUNS = (("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B", "off", "sdpa", (2, 1024)),
              ("llama3.2-1b", "meta-llama/Llama-3.2-1B", "full", "eager", (1, 2048)),
              ("mistral-7b", "mistralai/Mistral-7B-v0.1", "full", "sdpa", (2, 4096)))
 
 
 def peft_grid() -> list[GridRow]:
-    return [_row(label, name, method, ckpt, attn, shape) for method in PEFT_METHODS
-            for label, name, ckpt, attn, shape in PEFT_RUNS]
+    rows = [_row(label, name, method, ckpt, attn, shape,
+                 **({"trainable_tokens": TOKEN_ROWS} if method == "trainable_tokens" else {}))
+            for method in PEFT_METHODS for label, name, ckpt, attn, shape in PEFT_RUNS]
+    return rows + [_row(label, name, "lora", ckpt, attn, shape, trainable_tokens=TOKEN_ROWS)
+                   for label, name, ckpt, attn, shape in PEFT_RUNS[:2]]
 
 
 def all_rows() -> list[GridRow]:
@@ -195,7 +206,7 @@ def is_moe(row: GridRow) -> bool:
     return spec.is_moe
 
 
-GROUPS = {"dpo": lambda r: r.method != "sft", "moe": is_moe, "peft": lambda r: r.tuning in PEFT_METHODS}  # group summaries printed beside the SFT grid's
+GROUPS = {"dpo": lambda r: r.method != "sft", "moe": is_moe, "peft": lambda r: r.tuning in PEFT_METHODS or r.trainable_tokens > 0}  # group summaries printed beside the SFT grid's
 
 
 def quick_grid() -> list[GridRow]:

@@ -99,12 +99,10 @@ GAPS = {
     "apertus": "unknown family (xIELU up/down MLP): read as Llama, over",
 }
 # (tuning, checkpointing, micro-batch, sequence length, attention, autocast): every dimension's ends (issue 11:
-# full / LoRA, checkpointing off / full, micro-batch 1..4, 512..8192 tokens) plus both attention paths. The sdpa
-# rows run HF Trainer's bf16=True autocast; the eager rows run without it (a plain bf16 loop), because on the
-# CPU that the trace runs on, autocast keeps softmax, layer_norm and pow in bf16 where CUDA autocast runs them
-# in fp32 (PyTorch's "CUDA ops that can autocast to float32"), so an eager trace under autocast is not what a GPU
-# keeps for the families whose code leaves that to autocast (GPT-2's softmax, GPT-J's fp32 scores).
-RUNS = (("full", "off", 1, 512, "eager", False), ("lora", "off", 4, 1024, "eager", False),
+# full / LoRA, checkpointing off / full, micro-batch 1..4, 512..8192 tokens) plus both attention paths, with and
+# without HF Trainer's bf16=True autocast. The trace runs autocast with CUDA's op lists (memfit/trace/autocast.py):
+# softmax, layer_norm and pow in fp32, as a GPU does, not as CPU autocast would.
+RUNS = (("full", "off", 1, 512, "eager", False), ("lora", "off", 4, 1024, "eager", True),
         ("full", "off", 2, 2048, "sdpa", True), ("lora", "off", 3, 4096, "sdpa", True),
         ("lora", "full", 1, 8192, "sdpa", True), ("full", "full", 4, 4096, "sdpa", True))
 

@@ -87,6 +87,8 @@ ANALYTIC_ONLY_MODEL_FACTS = ("norm_fp32_scale", "attn_softcap", "logit_softcap",
 
 def fingerprint(scenario: Scenario) -> str:
     doc = {name: _plain(getattr(scenario, name)) for name in TRACE_INPUTS if _acts(scenario, name)}
+    if scenario.trainable_tokens:  # only when set: the traces cached before the knob keep their keys
+        doc["trainable_tokens"] = scenario.trainable_tokens
     if several_models(scenario.method):
         fw = framework_facts(scenario.profile)
         doc |= {name: _plain(getattr(scenario, name)) for name in DPO_TRACE_INPUTS}

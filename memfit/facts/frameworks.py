@@ -4,7 +4,7 @@ and how it runs preference / RL methods."""
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 
 from memfit.errors import MemfitError
@@ -21,6 +21,7 @@ class Framework:
     deepspeed_auto: str  # "hf" or "deepspeed"
     plan: dict  # what `memfit plan` may change
     methods: dict  # how it runs preference / RL methods
+    model_code: dict = field(default_factory=dict)  # the framework's own model code as memory sees it (torchtune)
 
 
 @cache
@@ -30,7 +31,7 @@ def frameworks() -> dict[str, Framework]:
         with open(path, "rb") as f:
             doc = tomllib.load(f)
         out[path.stem] = Framework(path.stem, doc["description"], doc["defaults"], doc["deepspeed"]["auto"],
-                                   doc["plan"], doc["methods"])
+                                   doc["plan"], doc["methods"], doc.get("model_code", {}))
     return out
 
 
@@ -39,3 +40,9 @@ def framework(name: str) -> Framework:
     if name not in table:
         raise MemfitError(f"unknown framework profile {name!r}; choose one of: {', '.join(table)}")
     return table[name]
+
+
+def model_code(profile: str) -> dict:
+    """The profile's [model_code] facts: how its own model code saves and allocates ({} when it runs transformers')."""
+    fw = frameworks().get(profile)
+    return fw.model_code if fw else {}

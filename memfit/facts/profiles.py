@@ -123,6 +123,7 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
     if isinstance(values.get("lora_targets"), list):
         values["lora_targets"] = tuple(values["lora_targets"])
     _attention_kernel(values, model, "attention" in typed, "attention" in given, assumed)
+    model = _own_model_code(fw, model, hardware, values, given, assumed)
     engine = _engine(given, fw.defaults, hardware, assumed, profile_name)
     values["engine"] = engine
     values |= _engine_values(engine, given, fw, model)
@@ -134,7 +135,7 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
     upcast = ENGINES[engine].kbit_upcast_default()
     if upcast is not None and "kbit_upcast" not in given:
         values["kbit_upcast"] = upcast
-    if values.get("tuning") in ("lora", "qlora") and "lora_rank" not in given:
+    if values.get("tuning") in ("lora", "qlora") and "lora_rank" not in given and "lora" not in fw.model_code:
         assumed.append("lora rank=8, targets=all-linear")
     if values.get("tuning") in adapter_methods():
         _peft_defaults(values, given, assumed)
@@ -143,6 +144,33 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
     notes = [text for name, text in moved.items() if inert_because(s, name) is None]  # only where it acts
     notes += _inert(s, given, typed) + _beyond_positions(s) + _machine(hardware) + loss_notes(s)
     return replace(s, assumed=s.assumed + tuple(notes)) if notes else s
+
+
+def _own_model_code(fw: Framework, model: ModelSpec, hardware: Hardware, values: dict, given: dict,
+                    assumed: list[str]) -> ModelSpec:
+    """A framework with its own model code and scripts (its [model_code]): untied heads, its LoRA defaults, and
+    what it does on several devices (LitGPT: FSDP with every block checkpointed)."""
+    code = fw.model_code
+    if code.get("ties_embeddings") is False and model.tie_embeddings:
+        model = replace(model, tie_embeddings=False)
+        assumed.append(f"{fw.name} keeps the output head apart from the embedding (its own model code)")
+    lora = code.get("lora", {})
+    if values.get("tuning") in ("lora", "qlora") and lora:  # qlora: lora.py with --quantize bnb.nf4
+        for knob, key in (("lora_rank", "rank"), ("lora_targets", "targets"), ("lora_dropout", "dropout")):
+            if knob not in given:
+                values[knob] = tuple(lora[key]) if key == "targets" else lora[key]
+                assumed.append(f"{knob}={','.join(lora[key]) if key == 'targets' else lora[key]} ({fw.name} default)")
+    several = code.get("several_devices", {})
+    engine_said = any(given.get(k) is not None for k in ("engine", "zero_stage", "fsdp_strategy"))
+    if hardware.world_size > 1 and several and not engine_said:
+        given["engine"] = several["engine"]
+        assumed.append(f"engine={several['engine']} ({fw.name} on several devices)")
+        for knob in ("checkpointing", "reentrant"):
+            if knob not in given:
+                values[knob] = several[knob]
+                assumed[:] = [a for a in assumed if not a.startswith(f"{knob}=")]  # the one-device default it replaces
+                assumed.append(f"{knob}={several[knob]} ({fw.name} on several devices)")
+    return model
 
 
 def _inert(s: Scenario, given: dict, typed: Collection[str]) -> list[str]:

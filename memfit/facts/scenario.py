@@ -64,6 +64,7 @@ class _Rules:
                                               f"{', '.join(MODULES_TO_SAVE)}")
         _require(not self.modules_to_save or self.tuning in ("lora", "qlora") or wraps(self.tuning) == "linear",
                  f"--modules-to-save goes with LoRA or a Linear-wrapping PEFT method, not --tuning {self.tuning}")
+        self._check_token_rows()
         if self.tuning not in adapter_methods():
             return
         _require(not self.dora, f"DoRA is a LoRA option; --tuning {self.tuning} has none (use --tuning lora --dora)")
@@ -75,6 +76,24 @@ class _Rules:
         _require(self.lora_dropout == 0 or method_info(self.tuning).get("dropout", False),
                  f"--tuning {self.tuning} has no input dropout (PEFT {method_info(self.tuning)['peft']}); "
                  "leave --lora-dropout at 0")
+
+    def _check_token_rows(self) -> None:
+        """PEFT trainable tokens: rows of the embedding, alone or beside LoRA (LoraConfig trainable_token_indices)."""
+        rows, vocab = self.trainable_tokens, self.model.vocab_size
+        _require(self.tuning != "trainable_tokens" or rows > 0,
+                 "--tuning trainable_tokens needs the number of rows that train: --trainable-tokens N (PEFT "
+                 "TrainableTokensConfig token_indices has no default)")
+        _require(rows <= vocab, f"--trainable-tokens {rows} is more than the {vocab} rows of {self.model.id}'s "
+                                "embedding")
+        _require(not rows or self.tuning in ("lora", "qlora", "trainable_tokens"),
+                 "--trainable-tokens goes with --tuning trainable_tokens or LoRA (LoraConfig "
+                 f"trainable_token_indices), not --tuning {self.tuning}")
+        # a tied head runs PEFT's layer only when called as a module: liger and TRL's chunked loss read lm_head.weight
+        # (TRL refuses a PEFT layer there); the preference methods' log-prob paths are not modelled with it
+        tied = rows and self.model.tie_embeddings
+        _require(not tied or self.loss in ("standard", "inplace_ce") and self.method in ("sft", "pt"),
+                 f"--trainable-tokens on {self.model.id} (its head is tied to the embedding) is modelled with "
+                 f"--loss standard or inplace_ce and --method sft or pt, not --loss {self.loss} --method {self.method}")
 
     def _check_engine(self) -> None:
         stage, strategy = knobs()["zero_stage"], knobs()["fsdp_strategy"]

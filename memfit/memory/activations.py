@@ -10,11 +10,15 @@ from dataclasses import dataclass
 
 from memfit.facts.adapters import bytes_of, facts_for, setup_name, wraps
 from memfit.facts.peft_shapes import layer_sizes
-from memfit.facts.activation_table import activation_saved, activation_saves_output
+from memfit.facts.activation_table import activation_fp32_output, activation_saved, activation_saves_output
 from memfit.facts.engines import engine_of
+from memfit.facts.frameworks import model_code
 from memfit.facts.loss_tail import loss_tail, transformers_release
 from memfit.facts.recompute import Recompute
+from memfit.memory.own_code import code_logits, fused_qkv
 from memfit.memory.inventory import ParamTensor, feedforward
+from memfit.memory.unsloth_loss import loss_terms as unsloth_loss_terms
+from memfit.memory.unsloth_offload import unsloth_offload
 from memfit.facts.scenario import Scenario
 
 LIGER_CHUNK_ROUND = 2  # chunk rows are rounded to a power of two: at most 2x n_tok*h logits per chunk
@@ -39,6 +43,8 @@ class Activations:
     logits_backward_peak: int
     logits_grad: int = 0  # the logits' gradient in their own dtype, alive while the head computes its grads
     host_offloaded: int = 0  # checkpoints kept in host RAM (offloaded / unsloth checkpointing)
+    embedding_transient: int = 0  # PEFT trainable tokens: the embedding's merged V x H weight (forward) or its gradient
+    logits_kept: int = 0  # a framework loop's own reference to the logits, alive across steps (own_code.py)
 
     @property
     def saved_total(self) -> int:
@@ -64,12 +70,24 @@ def residual_bytes(s: Scenario) -> int:
     if s.tuning == "qlora" and s.kbit_upcast:
         return 4
     fp32_master_in_module = s.precision.endswith("mixed") and not engine_of(s).casts_module(s)
+    if s.model.embedding_norm and _fp32_layer_norm(s):  # BLOOM: an fp32 embedding LayerNorm starts the stream
+        return 4
     return 4 if fp32_master_in_module and s.trains_whole("embed_tokens") else s.compute_bytes
 
 
+def _fp32_layer_norm(s: Scenario) -> bool:
+    """F.layer_norm is on CUDA autocast's fp32 list: it saves an fp32 copy of its input and outputs fp32."""
+    return s.model.norm == "layer" and s.runs_autocast
+
+
+def norm_output_bytes(s: Scenario, rb: int) -> int:
+    return 4 if _fp32_layer_norm(s) else rb
+
+
 def _has_mask(s: Scenario) -> bool:
-    """A padded batch carries padding positions, so transformers builds an attention mask."""
-    return s.padding == "padded"
+    """A padded batch carries padding positions, so transformers builds an attention mask (a framework's own
+    collate may pad without one: its profile's [model_code] padding_mask)."""
+    return s.padding == "padded" and model_code(s.profile).get("padding_mask", True)
 
 
 def attention_per_token(s: Scenario, b: int) -> tuple[int, int, int]:
@@ -86,7 +104,8 @@ def attention_per_token(s: Scenario, b: int) -> tuple[int, int, int]:
     if s.attention == "sdpa" and m.sdpa_math:  # torch's math kernel: fp32 q, k, v copies, the fp32 softmax saved
         return 4 * (q + 2 * kv) + (b * q), 4 * m.num_heads, 8 * m.num_heads
     if s.attention == "sdpa" and not _has_mask(s):  # no mask, enable_gqa: the flash kernel
-        return b * (q + 2 * kv + q) + lse, 0, 0
+        # a framework that expands k, v to every query head itself hands the kernel q-sized copies (model_code)
+        return b * (q + 2 * (q if model_code(s.profile).get("expands_kv") else kv) + q) + lse, 0, 0
     if s.attention == "sdpa":  # bool mask -> mem-efficient kernel over repeat_kv'd k, v
         # one kv head: repeat_kv's expand + reshape of a size-1 head dim is a view, the kernel saves no copy (traced)
         return b * (q + 2 * (kv if m.num_kv_heads == 1 else repeated) + q) + lse, 0, 0
@@ -175,8 +194,10 @@ def _group_inputs(s: Scenario, b: int, rb: int, adapters: list[ParamTensor]) -> 
     # old bitsandbytes MatMul4Bit kept its input A on ctx for every 4-bit Linear, frozen or not
     saves_input = trainable_base or (s.tuning == "qlora" and s.bnb_saves_input)
     autocast = s.runs_autocast
-    groups = {"attn_in": ({"q", "k", "v"}, m.hidden_size, rb), "o": ({"o"}, m.num_heads * m.head_dim, b),
-              "mlp_in": ({"gate", "up", "fc"}, m.hidden_size, rb), "down": ({"down", "proj"}, m.intermediate_size, b)}
+    nb = norm_output_bytes(s, rb)
+    db = 4 if activation_fp32_output(m.hidden_act, autocast) else b
+    groups = {"attn_in": ({"q", "k", "v"}, m.hidden_size, nb), "o": ({"o"}, m.num_heads * m.head_dim, b),
+              "mlp_in": ({"gate", "up", "fc"}, m.hidden_size, nb), "down": ({"down", "proj"}, m.intermediate_size, db)}
     totals = {}
     for name, (roles, width, xb) in groups.items():
         modules = [mod for mod, r in m.linear_names.items() if set(r) & roles]
@@ -199,7 +220,8 @@ def _group_inputs(s: Scenario, b: int, rb: int, adapters: list[ParamTensor]) -> 
             cost += count * rank * (b if autocast else ab)
             if s.lora_dropout > 0:
                 cost += count * width  # bool mask
-            if ab != xb and not (s.tuning == "qlora" and autocast):
+            # an input in another dtype than the adapter is cast (PEFT), and an fp32 one is cast to bf16 by autocast
+            if (ab != xb or (autocast and xb == 4)) and not (s.tuning == "qlora" and autocast):
                 cost += count * width * (2 if autocast else ab)  # private cast copy
             else:
                 shared = True
@@ -217,8 +239,9 @@ def _norm_per_token(s: Scenario, b: int, rb: int) -> int:
     h = m.hidden_size
     trains = s.tuning in ("full", "freeze", "ln_tuning")
     if m.norm == "rms":
-        return 4 * h + ((4 if m.norm_fp32_scale else rb) * h if trains else 0)
-    if m.norm == "none":  # OLMo's parameter-free LayerNorm runs F.layer_norm on an fp32 copy (modeling_olmo.py)
+        fp32_scale = m.norm_fp32_scale or model_code(s.profile).get("norm_fp32_scale", False)
+        return 4 * h + ((4 if fp32_scale else rb) * h if trains else 0)
+    if m.norm == "none" or _fp32_layer_norm(s):  # OLMo's parameter-free LayerNorm, or autocast: an fp32 copy
         return 4 * h + 8
     return rb * h + 8
 
@@ -262,18 +285,20 @@ def _layer_per_token(s: Scenario, b: int, rb: int, adapters) -> int:
     # MLP intermediates other than down's input: what the activation saves (activations.toml; F.silu and
     # F.gelu keep their input, gelu_new's formula keeps 4), plus, gated, the activation output and up output
     # the product keeps; down's input is counted with the Linear inputs
-    act = activation_saved(m.hidden_act)
-    if m.mlp == "plain" and activation_saves_output(m.hidden_act) and s.tuning in ("full", "freeze"):
+    autocast = s.runs_autocast
+    act = activation_saved(m.hidden_act, autocast)
+    if m.mlp == "plain" and activation_saves_output(m.hidden_act, autocast) and s.tuning in ("full", "freeze"):
         act -= 1  # the output it keeps is the trainable down Linear's saved input, counted with the Linear inputs
+    product = (2 if activation_fp32_output(m.hidden_act, autocast) else 1) + 1  # act(gate) and up, kept by the product
     experts_adapted = any(".experts." in t.name for t in adapters)
-    mlp = _moe_per_token(s, b, experts_adapted) if m.is_moe else int(b * ffn * (act + 2 if m.mlp == "gated" else act))
+    mlp = _moe_per_token(s, b, experts_adapted) if m.is_moe else int(b * ffn * (act + product if m.mlp == "gated" else act))
     mlp += 2 * h if m.dropout > 0 else 0  # residual dropouts after attention and MLP: bool masks
     if m.qk_norm != "none":
         # q/k norms: the fp32 input copy, and, only when their weight trains, the normalized tensor the weight's
         # gradient reads (fp32 when it scales in fp32); a frozen weight's multiply saves only the weight (traced)
         scaled = (4 if m.norm_fp32_scale else b) if s.tuning in ("full", "freeze", "ln_tuning") else 0
         attn += (4 + scaled) * (m.num_heads + m.num_kv_heads) * m.head_dim
-    return norms + attn + norm_fed + others + mlp
+    return norms + attn + norm_fed + others + mlp + fused_qkv(s, b, _adapted(s, adapters))  # LitGPT's fused qkv
 
 
 def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
@@ -296,26 +321,67 @@ def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
     ckpt_layers, plain_layers = _checkpoint_split(s)
     offloaded = Recompute.of(s.checkpointing).on_host
     checkpoint = n * rb * m.hidden_size
+    smart = unsloth_offload(s, checkpoint, ckpt_layers)  # unsloth's own: keeps some inputs on the GPU
+    offloaded = offloaded and (smart is None or smart.host > 0)
     v = m.vocab_size
     logits_fwd, logits_saved, logits_bwd = _logits(s, n, v, b)
+    own = code_logits(s, n, v)  # a framework's own loop and loss (LitGPT; traced, memory/own_code.py)
+    if own:
+        logits_fwd, logits_saved, logits_bwd = own.forward_peak, own.saved, own.backward_peak
     h = m.hidden_size
+    rows_saved, head_copy, head_grad, embedding = _token_rows(s, n * b * m.hidden_size)
     return Activations(
         layer_saved=layer_saved,
         layer_checkpoint=0 if offloaded else checkpoint,
         checkpointed_layers=ckpt_layers,
         plain_layers=plain_layers,
         outside_layers=n * (_norm_per_token(s, b, rb) + (b * h if s.trains_whole("lm_head") else 0)  # final norm, head input
-                            + (h if m.dropout > 0 else 0)),  # embedding dropout mask
+                            + (h if m.dropout > 0 else 0)) + rows_saved  # embedding dropout mask
+        + (smart.device if smart else 0),
         shared_masks=masks,
         layer_forward_transient=n * b * max(4 * h, 2 * m.intermediate_size) + rows * t * t * per_key_transient,
         layer_backward_transient=n * b * (3 * m.intermediate_size + 2 * h)
         + rows * t * t * _backward_per_key(s) + _peft_backward(s, adapters),
-        logits_forward_peak=logits_fwd,
-        logits_saved=logits_saved,
-        logits_backward_peak=logits_bwd,
-        logits_grad=n * v * (4 if s.precision == "fp32" else b) if s.loss in ("standard", "inplace_ce") else 0,
-        host_offloaded=checkpoint * ckpt_layers if offloaded else 0,
+        logits_forward_peak=logits_fwd + head_copy,
+        logits_saved=logits_saved + head_copy,
+        logits_backward_peak=logits_bwd + head_copy,
+        logits_grad=(n * v * (4 if s.precision == "fp32" else b) if s.loss in ("standard", "inplace_ce")
+                     else _chunked_head(s, n, v, b))
+        + head_copy + head_grad if not own else own.grad,
+        logits_kept=own.kept if own else 0,
+        host_offloaded=(smart.host if smart else checkpoint * ckpt_layers) if offloaded else 0,
+        embedding_transient=embedding,
     )
+
+
+def _token_rows(s: Scenario, output: int) -> tuple[int, int, int, int]:
+    """PEFT trainable tokens (data/peft.toml [trainable_tokens]): (what the embedding's forward saves, the merged
+    V x H weight a tied head's layer builds in its forward and keeps until its backward, the V x H weight
+    gradient that backward makes before selecting the trained rows, the embedding's own merged weight or weight
+    gradient beside its `output` or that output's gradient). The head's two live with the logits; the
+    embedding's comes when nothing else is saved yet (forward) or left (backward)."""
+    if not (s.uses_adapters and s.trainable_tokens):
+        return 0, 0, 0, 0
+    f = facts_for("trainable_tokens", setup_name(s.precision, s.runs_autocast, s.adapter_bytes))
+    sizes = {"V": s.model.vocab_size, "H": s.model.hidden_size, "N": s.trainable_tokens}
+    tied = s.model.tie_embeddings
+
+    def of(key: str) -> int:
+        return int(bytes_of(f[key], sizes, per_token=False))
+    embedding = output + max(of("embedding_forward"), of("embedding_backward"))
+    return of("embedding_saved"), of("head_saved") if tied else 0, of("head_backward") if tied else 0, embedding
+
+
+def _chunked_head(s: Scenario, n: int, v: int, b: int) -> int:
+    """A framework's chunked loss whose head gradient is summed over its chunks (model_code chunked_loss_head,
+    traced): the chunks' logit gradients still waiting and the extra head-sized gradients beside the one
+    phases.py counts, alive while the head's chunk gradients are added up."""
+    head = model_code(s.profile).get("chunked_loss_head")
+    if s.loss != "chunked_output" or not head or b != 2:
+        return 0
+    per_element, head_copies = head
+    extra = (head_copies - 1) * v * s.model.hidden_size * b if s.trains_whole("lm_head") else 0
+    return int(n * v * per_element) + extra
 
 
 def _backward_per_key(s: Scenario) -> int:
@@ -346,9 +412,16 @@ def _logits(s: Scenario, n: int, v: int, b: int) -> tuple[int, int, int]:
         chunk = min(n, LIGER_CHUNK_ROUND * -(-n // max(1, -(-v // h))))
         grads = n * h * b + (v * h * 4 if s.trains_whole("lm_head") else 0)
         return chunk * v * (lb + 4) + grads, grads, grads
+    if s.loss == "unsloth_ce":  # unsloth_zoo's fused linear cross entropy, from its source (memory/unsloth_loss.py)
+        head = (2 if s.precision.endswith("pure") else 4) if s.trains_whole("lm_head") else 0
+        return unsloth_loss_terms(s, n, v, b, head)
     if s.loss == "chunked_nll":
         c = min(n, TRL_CHUNK_TOKENS)
         return c * v * (lb + up + 4), 0, c * v * (lb + up + 8)
+    # traced on the framework's own model code and loss (its profile's [model_code])
+    measured = model_code(s.profile).get({"chunked_output": "chunked_loss", "standard": "standard_loss"}.get(s.loss))
+    if measured and lb == 2:
+        return tuple(int(n * v * x) for x in measured)
     if s.loss == "chunked_output":
         c = -(-n // TORCHTUNE_CHUNKS)
         return n * v * (lb + 4) + c * v * up, n * v * 4, n * v * 4 + c * v * (8 + lb)

@@ -251,6 +251,18 @@ def prompt_tensors(model: ModelSpec, method: str, virtual_tokens: int) -> list[P
     return out
 
 
+def token_rows(model: ModelSpec, rows: int) -> list[ParamTensor]:
+    """PEFT trainable tokens (data/peft.toml [trainable_tokens]): the trained rows beside a frozen buffer of their
+    originals, once per model (a tied head's layer shares the embedding's)."""
+    if not rows:
+        return []
+    facts, sizes = facts_for("trainable_tokens", "fp32"), {"N": rows, "H": model.hidden_size}
+    return [ParamTensor("embed_tokens.trainable_tokens_delta", elements_of(facts["trainable"], sizes), 1, "lora",
+                        "embed_tokens"),
+            ParamTensor("embed_tokens.trainable_tokens_original", elements_of(facts["frozen"], sizes), 1, "embedding",
+                        "embed_tokens", trainable=False)]
+
+
 def norm_copies(tensors: list[ParamTensor]) -> list[ParamTensor]:
     """LN tuning: every norm layer frozen, beside a trainable copy (PEFT LNTuningLayer); the per-head q/k norms
     are not among PEFT's targets."""
@@ -290,6 +302,8 @@ def tuned_tensors(model: ModelSpec, tuning: str, rank: int = 8, targets: tuple[s
         return norm_copies(tensors)
     if wraps(tuning) == "virtual_tokens":
         return frozen + prompt_tensors(model, tuning, virtual_tokens)
+    if wraps(tuning) == "tokens":  # the rows themselves: scenario_tensors, as for LoRA's trainable_token_indices
+        return frozen
     if wraps(tuning) == "linear":
         return frozen + peft_tensors(model, tensors, tuning, rank, targets)
     return frozen + lora_tensors(model, tensors, rank, targets, dora)
@@ -312,7 +326,9 @@ def scenario_tensors(s) -> list[ParamTensor]:
     """The inventory of a scenario's model under its tuning."""
     tensors = tuned_tensors(s.model, s.tuning, s.lora_rank, s.lora_targets, s.dora, s.freeze_trainable_layers,
                             s.virtual_tokens)
-    return tensors + saved_copies(s.model, tensors, s.modules_to_save) if s.uses_adapters else tensors
+    if not s.uses_adapters:
+        return tensors
+    return tensors + saved_copies(s.model, tensors, s.modules_to_save) + token_rows(s.model, s.trainable_tokens)
 
 
 # ---------------------------------------------------------------------------------------------- MLA

@@ -36,11 +36,15 @@ def _forward(ms: ModelStates, act: Activations, runtime: int) -> Breakdown:
     parts["weights"] += ms.gathered_forward + ms.autocast_cache
     in_layer = act.saved_total - act.outside_layers + act.layer_forward_transient
     at_loss = act.saved_total + act.logits_forward_peak
-    if at_loss >= in_layer:
+    if act.embedding_transient > max(at_loss, in_layer):  # PEFT trainable tokens' merged embedding weight
+        parts["activations"] = act.embedding_transient
+    elif at_loss >= in_layer + act.logits_kept:
         parts["activations"] = act.saved_total
         parts["logits_loss"] = act.logits_forward_peak
     else:
         parts["activations"] = in_layer
+    if act.logits_kept and "logits_loss" not in parts:  # the previous step's logits, still referenced (LitGPT)
+        parts["logits_loss"] = act.logits_kept
     return Breakdown(parts)
 
 
@@ -62,7 +66,8 @@ def _backward(ms: ModelStates, act: Activations, runtime: int, head_grads: int) 
         start.update(gradients=ms.grads_between_steps + head_grads, logits_loss=act.logits_grad)
     last_layer_alive = act.layer_checkpoint if act.checkpointed_layers else act.layer_saved
     end = dict(base, gradients=max(ms.grads_after_backward, ms.grads_between_steps) + ms.grads_unreduced,
-               activations=last_layer_alive + act.recompute + act.layer_backward_transient + act.shared_masks)
+               activations=max(last_layer_alive + act.recompute + act.layer_backward_transient + act.shared_masks,
+                               act.embedding_transient))  # PEFT trainable tokens: the embedding's V x H gradient
     first_layer = dict(base, weights=base["weights"] + saved_casts - ms.autocast_cache_head,
                        gradients=max(ms.grads_between_steps, head_grads),
                        # the gradient arriving at the layer's output (its input's shape) waits while it recomputes
@@ -75,12 +80,16 @@ def _backward(ms: ModelStates, act: Activations, runtime: int, head_grads: int) 
     if ms.last_reduce:  # gathered params are released and every layer's activations freed by then
         moments.append(dict(base, weights=base["weights"] - ms.gathered_backward,
                             gradients=max(ms.grads_after_backward, ms.grads_between_steps) + ms.last_reduce))
+    for moment in moments[1:] if act.logits_kept else ():  # a loop that keeps its logits through backward (LitGPT)
+        moment["logits_loss"] = moment.get("logits_loss", 0) + act.logits_kept
     return max((Breakdown(p) for p in moments), key=lambda b: b.total)
 
 
-def _optimizer_step(ms: ModelStates, runtime: int) -> Breakdown:
+def _optimizer_step(ms: ModelStates, runtime: int, logits_kept: int = 0) -> Breakdown:
     parts = _static(ms, runtime, grads=max(ms.grads_after_backward, ms.grads_between_steps) + ms.step_grads,
                     optimizer=ms.optimizer + ms.step_temporaries)
+    if logits_kept:  # the loop's logits outlive backward (LitGPT)
+        parts["logits_loss"] = logits_kept
     return Breakdown(parts)
 
 
@@ -102,7 +111,7 @@ def allocated_profile(s: Scenario, tensors: list[ParamTensor], ms: ModelStates, 
         "load": load,
         "forward": _forward(ms, act, runtime),
         "backward": _backward(ms, act, runtime, _head_grads(s, tensors)),
-        "optimizer_step": _optimizer_step(ms, runtime),
+        "optimizer_step": _optimizer_step(ms, runtime, act.logits_kept),
         "checkpoint_save": steady,
         "resume": steady,
     })

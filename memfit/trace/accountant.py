@@ -89,6 +89,9 @@ class Accountant(TorchDispatchMode):
         self.marks: dict[str, Breakdown] = {}
         self.timeline: list[TimelinePoint] = []
         self.inspect = None  # optional callback(mark, accountant) the runner calls at marks
+        # opt-in event recorder (memfit.trace.allocator replays it): a list to append (+1 | -1, serial, raw
+        # storage bytes, record) to at every allocation and free; None (the default) records nothing
+        self.events: list | None = None
 
     # ---------------------------------------------------------------- dispatch
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -124,6 +127,8 @@ class Accountant(TorchDispatchMode):
                 return False
             self._by_cat[rec.category] += nbytes - rec.nbytes
             grew = nbytes > rec.nbytes
+            if self.events is not None:  # a resize is a free and a new allocation to the allocator
+                self.events += [(-1, rec.serial, 0, rec), (1, rec.serial, st.nbytes(), rec)]
             rec.nbytes = nbytes
             return grew
         self._serial += 1
@@ -133,6 +138,8 @@ class Accountant(TorchDispatchMode):
         self._live[key] = rec
         self._refs[key] = weakref.ref(st, self._make_free(key, rec))
         self._by_cat[category] += nbytes
+        if self.events is not None:
+            self.events.append((1, rec.serial, st.nbytes(), rec))
         if nbytes:
             self._recent.append(rec)
             if len(self._recent) > RECENT:
@@ -142,6 +149,8 @@ class Accountant(TorchDispatchMode):
     def _make_free(self, key: int, rec: _Storage):
         def free(_ref) -> None:
             rec.alive = False
+            if self.events is not None:
+                self.events.append((-1, rec.serial, 0, rec))
             if self._live.get(key) is rec:
                 del self._live[key]
                 del self._refs[key]
@@ -178,6 +187,8 @@ class Accountant(TorchDispatchMode):
             self._by_cat[rec.category] -= rec.nbytes
             rec.nbytes = 0
             rec.excluded = True
+            if self.events is not None:  # host memory: gone from the device's point of view
+                self.events.append((-1, rec.serial, 0, rec))
 
     def host(self, t: torch.Tensor) -> torch.Tensor:
         """Mark a freshly made tensor as host memory (offloaded activations): tracked at 0 bytes."""

@@ -325,7 +325,9 @@ def tie_weights_again(hf_model) -> None:
             # PEFT wraps the head: LoRA keeps it as base_layer, modules_to_save as original_module (its trainable
             # copy is not tied)
             target = getattr(out, "original_module", None) or getattr(out, "base_layer", out)
-            target.weight = inp.weight
+            # LoRA's trainable_token_indices wraps the embedding: its `.weight` is a merged copy, not the parameter
+            source = inp.token_adapter.base_layer if hasattr(inp, "token_adapter") else inp
+            target.weight = source.weight
 
 
 def attn_implementation(scenario: Scenario, device: str | torch.device | None = None) -> str:

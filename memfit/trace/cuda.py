@@ -22,10 +22,11 @@ this module does about them:
 * Dropout with 0 < p < 1 is `native_dropout` on CUDA (output + bool mask saved) but a multiply by a
   noise tensor in the input dtype on the CPU (ATen Dropout.cpp `is_fused_kernel_acceptable`);
   `F.dropout` takes the CUDA route during the trace.
-* Autocast: CPU autocast casts matmuls/linear to bf16 like CUDA autocast; the fp32 op lists differ
-  only in ops HF models already run in fp32 explicitly (norms upcast by hand, softmax(dtype=fp32),
-  `logits.float()`). Code that asks `torch.is_autocast_enabled()` without a device means CUDA; during
-  the trace it answers for the CPU region that stands in for it.
+* Autocast: CPU autocast casts matmuls/linear to bf16 like CUDA autocast, but its fp32 lists are not CUDA's
+  (layer_norm, softmax without dtype=, pow, rsqrt, sum stay 16-bit on the CPU); `autocast.CudaAutocastPolicy`
+  applies the rest of CUDA's lists, read from torch's own autocast_mode.h. Code that asks
+  `torch.is_autocast_enabled()` without a device means CUDA; during the trace it answers for the CPU region that
+  stands in for it.
 """
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
+
+from memfit.trace.autocast import CudaAutocastPolicy
 
 _ORIG_SDPA = F.scaled_dot_product_attention
 _ORIG_DROPOUT = F.dropout
@@ -364,8 +367,8 @@ def _is_autocast_enabled(device_type=None):
 @contextmanager
 def emulate_cuda(target: CudaTarget, accountant=None, unpad_tokens: int | None = None,
                  batch_indices: torch.Tensor | None = None):
-    """Inside: SDPA picks CUDA kernels, the flash stand-in knows the batch's padding, and
-    `torch.is_autocast_enabled()` (meaning CUDA) reports the CPU autocast region."""
+    """Inside: SDPA picks CUDA kernels, the flash stand-in knows the batch's padding, an autocast region follows
+    CUDA's op lists, and `torch.is_autocast_enabled()` (meaning CUDA) reports the CPU autocast region."""
     global _STATE
     previous = _STATE
     _STATE = _State(target, accountant, unpad_tokens, batch_indices)
@@ -373,7 +376,8 @@ def emulate_cuda(target: CudaTarget, accountant=None, unpad_tokens: int | None =
     F.dropout = _cuda_dropout
     torch.is_autocast_enabled = _is_autocast_enabled
     try:
-        yield _STATE
+        with CudaAutocastPolicy():  # forward and backward: checkpointing recomputes under autocast in backward
+            yield _STATE
     finally:
         _STATE = previous
         if previous is None:

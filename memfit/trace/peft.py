@@ -12,7 +12,7 @@ from memfit.facts.scenario import Scenario
 # parameter and buffer names PEFT gives each method's tensors (peft/tuners/*/layer.py adapter_layer_names,
 # other_param_names): they take the adapters' dtype
 ADAPTER_PREFIXES = ("lora_", "ia3_", "vera_", "hada_", "lokr_", "oft_R", "boft_R", "boft_s", "prompt_encoder",
-                    "ln_tuning_layers")
+                    "ln_tuning_layers", "trainable_tokens_delta")
 
 
 def is_adapter(name: str, scenario: Scenario) -> bool:
@@ -53,6 +53,7 @@ def apply_lora(model, scenario: Scenario, family: str):
         use_dora=s.dora,
         task_type="CAUSAL_LM",
         modules_to_save=saved_module_names(model, s.modules_to_save) or None,
+        trainable_token_indices=list(range(s.trainable_tokens)) or None,
     )
     return get_peft_model(model, config)
 
@@ -87,6 +88,8 @@ def _config(s: Scenario, family: str, model):
         return cls(num_virtual_tokens=s.virtual_tokens, task_type="CAUSAL_LM")
     if wraps(s.tuning) == "norms":
         return peft.LNTuningConfig(target_modules=_norm_names(model), task_type="CAUSAL_LM")
+    if wraps(s.tuning) == "tokens":  # the first N rows: which rows does not change memory
+        return peft.TrainableTokensConfig(token_indices=list(range(s.trainable_tokens)), task_type="CAUSAL_LM")
     info = method_info(s.tuning)
     names = _names(s.model, family, s.lora_targets)
     common = {"target_modules": names, "task_type": "CAUSAL_LM",

@@ -22,17 +22,12 @@ from pathlib import Path
 
 import torch
 
+from memfit.trace.autocast import CudaAutocastPolicy
 from memfit.trace.fact_file import write_or_check
+from memfit.trace.peft_terms import SETUPS, agreed, tensor_terms, monomial  # noqa: F401 (tests read monomial here)
 
 OUT = Path(__file__).resolve().parent.parent / "facts" / "data" / "peft.toml"
 SIZES = {"T": 29, "I": 11, "O": 13, "R": 7}  # tokens, in_features, out_features, rank
-# (name, autocast, frozen dtype, adapter dtype): the precision setups memfit tells apart (Scenario.runs_autocast,
-# compute_bytes, adapter_bytes)
-SETUPS = (("autocast", True, torch.bfloat16, torch.float32),
-          ("autocast_16bit_adapters", True, torch.bfloat16, torch.bfloat16),
-          ("16bit_fp32_adapters", False, torch.bfloat16, torch.float32),
-          ("16bit", False, torch.bfloat16, torch.bfloat16),
-          ("fp32", False, torch.float32, torch.float32))
 
 
 def _kron(t, i1, i2, o1, o2, r):
@@ -91,31 +86,6 @@ class _One(torch.nn.Module):
         return self.proj(x)
 
 
-def monomial(count: int, sizes: dict) -> str:
-    """`count` as a product of the named sizes, e.g. 29 * 11 -> "T*I"; a leftover factor is kept as a number.
-    Named sizes may be products of others (I = I1*I2): the reading with the smallest leftover, then the fewest
-    factors, wins ("T*I", not "T*I1*I2")."""
-    symbols = list(sizes)
-    readings = []
-
-    def search(i: int, rest: int, powers: tuple) -> None:  # only the products that divide `count`
-        if i == len(symbols):
-            if not any(rest % sizes[s] == 0 for s in symbols):
-                readings.append(((rest, sum(powers)), powers))
-            return
-        for p in range(4):
-            if rest % sizes[symbols[i]] ** p:
-                break
-            search(i + 1, rest // sizes[symbols[i]] ** p, powers + (p,))
-
-    search(0, count, ())
-    if not readings:
-        raise ValueError(f"{count} is not a product of {sizes}")
-    (rest, _), powers = min(readings)
-    names = [s for s, p in zip(symbols, powers) for _ in range(p)]
-    return "*".join(([str(rest)] if rest != 1 else []) + names) or "1"
-
-
 def _wrapped(method: str, sizes: dict, frozen, adapter):
     import peft
 
@@ -126,18 +96,6 @@ def _wrapped(method: str, sizes: dict, frozen, adapter):
         if b.is_floating_point() and not name.endswith(KEPT_FP32):  # with the adapters
             b.data = b.data.to(adapter)
     return model
-
-
-def _tensor_terms(tensors, sizes: dict) -> list[tuple[str, int]]:
-    """(monomial, bytes per element) of each distinct storage."""
-    seen, out = set(), []
-    for t in tensors:
-        storage = t.untyped_storage()
-        if storage.data_ptr() in seen or t.dtype == torch.bool and t.numel() == 1:
-            continue
-        seen.add(storage.data_ptr())
-        out.append((monomial(storage.nbytes() // t.element_size(), sizes), t.element_size()))
-    return out
 
 
 # buffers PEFT creates in fp32 and never casts: BOFT's permutation matrices are not among its adapter names
@@ -166,15 +124,15 @@ def layer_facts(method: str, autocast: bool, frozen, adapter, sizes: dict = SIZE
     held |= {b.untyped_storage().data_ptr() for b in model.buffers()}
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), CudaAutocastPolicy():
             model(x_in)
     reads_input = any(t.untyped_storage().data_ptr() == x_in.untyped_storage().data_ptr() for t in saved)
     extra = [t for t in saved if t.untyped_storage().data_ptr() not in held | {x_in.untyped_storage().data_ptr()}]
     trainable = [p for p in model.parameters() if p.requires_grad]
     frozen_extra = [p for p in model.parameters() if not p.requires_grad and p is not base]
     frozen_extra += [b for b in model.buffers() if b.numel() > 1]
-    return {"trainable": _tensor_terms(trainable, sizes), "frozen": _tensor_terms(frozen_extra, sizes),
-            "saved": _tensor_terms(extra, sizes), "saves_input": reads_input}
+    return {"trainable": tensor_terms(trainable, sizes), "frozen": tensor_terms(frozen_extra, sizes),
+            "saved": tensor_terms(extra, sizes), "saves_input": reads_input}
 
 
 # few tokens: what backward adds beyond them is weight-sized. Two shapes (in < out, in > out): a method whose
@@ -203,7 +161,7 @@ def backward_weight_copies(method: str, autocast: bool, frozen, adapter, wide: d
     acc = Accountant()
     with acc:
         acc.enter_phase("forward", 0)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), CudaAutocastPolicy():
             loss = model(x * 1).float().sum()
         after_forward = acc.live_bytes
         acc.enter_phase("backward", 0)
@@ -213,25 +171,20 @@ def backward_weight_copies(method: str, autocast: bool, frozen, adapter, wide: d
     return round(2 * (acc.peaks["0:backward"].total - after_forward) / unit) / 2
 
 
-def _agreed(method: str, setup: str, readings: list):
-    """The one reading of both size sets, or a loud failure: some term is not a product of named sizes."""
-    if any(r != readings[0] for r in readings):
-        raise ValueError(f"{method}.{setup}: the two size sets read differently ({readings}); a tensor is not a "
-                         "product of named sizes - name the size it depends on in METHOD_SIZES")
-    return readings[0]
-
-
 def derive() -> dict:
     facts = {}
     for method, size_sets in METHOD_SIZES.items():
         facts[method] = {}
         for name, autocast, frozen, adapter in SETUPS:
-            f = _agreed(method, name, [layer_facts(method, autocast, frozen, adapter, sizes) for sizes in size_sets])
+            f = agreed(method, name, [layer_facts(method, autocast, frozen, adapter, sizes) for sizes in size_sets])
             wide = WIDE_SIZES.get(method, WIDE)
-            copies = _agreed(method, name, [backward_weight_copies(method, autocast, frozen, adapter, w) for w in wide])
+            copies = agreed(method, name, [backward_weight_copies(method, autocast, frozen, adapter, w) for w in wide])
             f["backward_weights"] = 0 if method in SQUARE_BACKWARD else copies
             f["backward"] = [("I*I", copies)] if method in SQUARE_BACKWARD else []
             facts[method][name] = f
+    from memfit.trace import token_facts  # an Embedding, not a Linear: its own derivation
+
+    facts["trainable_tokens"] = token_facts.derive()
     return facts
 
 
@@ -256,7 +209,12 @@ def render(facts: dict) -> str:
              "#   boft                I = K blocks of B (PEFT's default B = 4); frozen: its I x I fp32 permutation",
              "#                       buffer, counted beside each adapted Linear (data/adapters.toml frozen_per_linear)",
              f'peft = "{peft.__version__}"', f'torch = "{torch.__version__}"', ""]
+    from memfit.trace import token_facts
+
     for method, setups in facts.items():
+        if method == "trainable_tokens":
+            lines += token_facts.render(setups, _terms)
+            continue
         for setup, f in setups.items():
             lines += [f"[{method}.{setup}]", f"trainable = {_terms(f['trainable'])}", f"frozen = {_terms(f['frozen'])}",
                       f"saved = {_terms(f['saved'])}", f"saves_input = {str(f['saves_input']).lower()}",

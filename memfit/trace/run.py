@@ -191,7 +191,8 @@ def _check_supported(scenario: Scenario) -> None:
 
 
 def run_trace(scenario: Scenario, steps: int = 2, *, fake: bool = True, pad_tokens: int = 1,
-              num_layers: int | None = None, target: CudaTarget | None = None, inspect=None) -> TraceResult:
+              num_layers: int | None = None, target: CudaTarget | None = None, inspect=None,
+              events: list | None = None) -> TraceResult:
     """Run `steps` training steps of `scenario` and account every tensor.
 
     fake=False runs for real on the CPU (small models only; same accountant, for checking the fake run).
@@ -200,6 +201,7 @@ def run_trace(scenario: Scenario, steps: int = 2, *, fake: bool = True, pad_toke
     num_layers: override the decoder layer count (for per-layer measurements).
     inspect: optional callback(mark, accountant) at forward_end/backward_end/step_end of every step;
       with it the accountant records each storage's origin (op, shape, dtype) for `accountant.live()`.
+    events: optional list the accountant appends every allocation and free to (memfit.trace.allocator).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -212,6 +214,7 @@ def run_trace(scenario: Scenario, steps: int = 2, *, fake: bool = True, pad_toke
     started = time.perf_counter()
     acc = Accountant(debug=inspect is not None)
     acc.inspect = inspect
+    acc.events = events
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
     built = build_model(scenario, device="cpu", fake_mode=fake_mode, host_transfer=_host_transfer(acc))
     reference = _preference_models(scenario, built, fake_mode)
@@ -363,8 +366,8 @@ def _notes(scenario: Scenario, built: BuiltModel, fake: bool, target: CudaTarget
         notes.append(f"padded batch: {pad_tokens} padding position(s) at the end of the last row, so the batch "
                      f"carries a mask (SDPA mask path / flash unpad path) at the full token count")
     if built.autocast_dtype is not None:
-        notes.append(f"autocast {str(built.autocast_dtype).removeprefix('torch.')} (CPU autocast stands in for "
-                     f"CUDA autocast; cast copies of parameters are labelled weights)")
+        notes.append(f"autocast {str(built.autocast_dtype).removeprefix('torch.')} (CPU autocast with CUDA's op lists "
+                     f"from torch's autocast_mode.h; cast copies of parameters are labelled weights)")
     if scenario.engine in ("deepspeed", "fsdp"):
         notes.append(f"{scenario.engine}: the module runs in the compute dtype; weights, gradients and "
                      f"optimizer states here are plain torch AdamW, not the engine's partitions (use measure)")

@@ -22,6 +22,8 @@ COMPARED = ("weights", "gradients", "optimizer_states", "activations", "logits_l
 
 def _scenario(tuning: str, model: str = "qwen2.5-0.5b", profile: str = "hf-trainer", **knobs):
     given = {"tuning": tuning, "micro_batch": 1, "seq_len": 512} | knobs
+    if tuning == "trainable_tokens":  # PEFT has no default count of rows
+        given = {"trainable_tokens": 64} | given
     return build_scenario(find_model(model), Hardware(find_gpu("a100-80gb")), given, profile)
 
 

@@ -41,9 +41,11 @@ def states(s, tensors: list[ParamTensor]) -> ModelStates:
         # the tied embedding's backward makes a fresh dense gradient and adds it into the head's
         ms.grads_unreduced = sum(t.total * trainable_dtype_bytes(s, t) for t in trainable if t.kind == "embedding")
     if s.optimizer_in_backward:
-        # the step runs inside backward per parameter, so only one gradient exists at a time
+        # the step runs inside backward per parameter, so only one gradient exists at a time, and the hook frees
+        # it after stepping (torchtune register_optim_in_bwd_hooks: zero_grad, set_to_none): none between steps
         largest = max((t.numel * trainable_dtype_bytes(s, t) for t in trainable), default=0)
-        ms.grads_after_backward = ms.grads_between_steps = largest
+        ms.grads_after_backward = largest
+        ms.grads_between_steps = 0
         ms.step_temporaries = min(ms.step_temporaries, largest)
     if s.world_size > 1 and DDP_BUCKET_COPY:
         ms.engine_buffers = grads

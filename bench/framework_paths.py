@@ -1,0 +1,58 @@
+"""The framework-path groups of bench/accuracy.py: `--profile litgpt` / `--profile torchtune` estimates against
+the traces of those frameworks' own training steps, kept by their benches (bench/litgpt_traces.json,
+bench/torchtune_traces.json), so no framework venv is needed here. Each group: rows, median and max |error| of the
+allocated peak (the trace models no runtime overhead, so the estimate's is left out), the releases traced on.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def _summary(errors: list[float], versions: dict) -> dict:
+    if not errors:
+        return {"rows": 0, "median_abs_pct_error": None, "max_abs_pct_error": None, "versions": versions}
+    return {"rows": len(errors), "median_abs_pct_error": round(statistics.median(errors), 2),
+            "max_abs_pct_error": round(max(errors), 2), "versions": versions}
+
+
+def _litgpt_bench():
+    """bench/litgpt.py by path: the name `litgpt` belongs to LitGPT's own package."""
+    spec = importlib.util.spec_from_file_location("litgpt_bench", HERE / "litgpt.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def litgpt_group() -> dict:
+    bench = _litgpt_bench()  # its rows, scenarios and comparison
+
+    traces = json.loads(bench.CACHE.read_text())["entries"] if bench.CACHE.exists() else {}
+    cached = [(run, traces[bench._key(run)]) for run in bench.ROWS if bench._key(run) in traces]
+    errors = [abs(bench.compare(run, traced).error_pct) for run, traced in cached]
+    versions = {"litgpt": cached[0][1]["litgpt"], "torch": cached[0][1]["torch"]} if cached else {}
+    return _summary(errors, versions)
+
+
+def torchtune_group() -> dict:
+    from memfit.roles.estimate import estimate
+    from memfit.trace.torchtune import scenario_of
+
+    path = HERE / "torchtune_traces.json"
+    doc = json.loads(path.read_text()) if path.exists() else {"rows": [], "versions": {}}
+    errors = []
+    for row in doc["rows"]:
+        est = estimate(scenario_of(row["model"], row["knobs"])).allocated
+        predicted = est.peak.total - est.peak.get("runtime_overhead")
+        errors.append(abs(100 * (predicted - row["trace"]) / row["trace"]))
+    return _summary(errors, doc["versions"])
+
+
+def framework_groups() -> dict:
+    return {"framework:litgpt": litgpt_group(), "framework:torchtune": torchtune_group()}

@@ -1,0 +1,33 @@
+"""bench/accuracy.py's framework groups: the litgpt / torchtune profiles against their own code's kept traces."""
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+pytest.importorskip("torch")  # the torchtune rows' scenarios come from memfit/trace/torchtune.py
+
+import framework_paths  # noqa: E402
+
+
+def _model_code(profile: str) -> dict:
+    return tomllib.loads((ROOT / "memfit" / "facts" / "data" / "frameworks" / f"{profile}.toml").read_text())["model_code"]
+
+
+@pytest.mark.parametrize("name, group", [("litgpt", framework_paths.litgpt_group),
+                                         ("torchtune", framework_paths.torchtune_group)])
+def test_each_framework_path_is_within_5_percent_of_its_own_code(name, group):
+    g = group()
+    assert g["rows"] >= 8, g
+    assert g["max_abs_pct_error"] <= 5.0, g
+    assert g["versions"][name] == _model_code(name)[name], "the kept traces are of another release: re-trace them"
+
+
+def test_accuracy_reports_the_framework_groups():
+    import accuracy
+
+    groups = accuracy.group_summaries([])
+    assert {"framework:litgpt", "framework:torchtune"} <= set(groups)

@@ -1,0 +1,73 @@
+"""`memfit estimate --profile litgpt` agrees with LitGPT's own training step, traced in LitGPT's venv.
+
+The venv (.venvs/litgpt, or $MEMFIT_LITGPT_VENV) is built by tests/trace/setup_litgpt_venv.sh when absent, as
+tests/formats does for LLaMA-Factory's; building it needs the package index.
+"""
+import importlib.util
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("litgpt_bench", ROOT / "bench" / "litgpt.py")
+bench = importlib.util.module_from_spec(_spec)
+sys.modules["litgpt_bench"] = bench  # bench/litgpt.py by path: the name `litgpt` is LitGPT's own package
+_spec.loader.exec_module(bench)
+
+FACTS = ROOT / "memfit" / "facts" / "data" / "frameworks" / "litgpt.toml"
+TOLERANCE_PCT = 5.0
+# short models, so the re-trace takes seconds: LoRA's chunked head and full tuning's unchunked one, the tied
+# Llama-3.2 head that LitGPT unties, GQA k/v expanded by LitGPT's attention
+RETRACED = [
+    {"config": "Llama-3.2-1B", "method": "lora", "micro_batch": 2, "seq_len": 384, "n_layer": 2},
+    {"config": "Llama-3.2-1B", "method": "full", "micro_batch": 1, "seq_len": 640, "n_layer": 1},
+]
+
+
+@pytest.fixture(scope="module")
+def venv_python() -> Path:
+    return bench.venv_python()
+
+
+@pytest.fixture(scope="module")
+def retraced(venv_python) -> list[dict]:
+    return bench.trace_runs(RETRACED)
+
+
+def test_shipped_facts_were_traced_on_the_venvs_litgpt(venv_python):
+    installed = subprocess.run([str(venv_python), "-c", "import importlib.metadata as m; print(m.version('litgpt'))"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    code = tomllib.loads(FACTS.read_text())["model_code"]
+    assert code["litgpt"] == installed
+    assert code["logits"]["litgpt"] == installed
+    pinned = re.search(r'LITGPT="litgpt==([\d.]+)"', (ROOT / "tests" / "trace" / "setup_litgpt_venv.sh").read_text())
+    assert pinned and pinned.group(1) == installed
+    recorded = {entry["litgpt"] for entry in bench.cached_traces(bench.ROWS).values()}
+    assert recorded == {installed}, f"bench/litgpt_traces.json traced on litgpt {recorded}: python bench/litgpt.py --retrace"
+
+
+@pytest.mark.parametrize("index", range(len(RETRACED)))
+def test_estimate_matches_a_fresh_litgpt_trace(retraced, index):
+    run = RETRACED[index]
+    row = bench.compare(run, retraced[index])
+    assert abs(row.error_pct) <= TOLERANCE_PCT, f"{row.label}: estimate {row.estimate:,} vs trace {row.trace:,}"
+
+
+def test_estimate_matches_the_benchs_litgpt_traces():
+    """The full-size rows of bench/litgpt.py against their committed traces (no re-trace: the memory model's side)."""
+    traces = bench.cached_traces(bench.ROWS)
+    rows = [bench.compare(run, traces[bench._key(run)]) for run in bench.ROWS]
+    worst = max(rows, key=lambda r: abs(r.error_pct))
+    assert abs(worst.error_pct) <= TOLERANCE_PCT, f"{worst.label}: {worst.error_pct:+.1f}%"
+
+
+def test_a_tied_head_is_untied_and_lora_takes_litgpts_defaults():
+    s = bench.scenario({"config": "Llama-3.2-1B", "method": "lora", "seq_len": 256})
+    assert not s.model.tie_embeddings
+    assert (s.lora_rank, s.lora_targets, s.lora_dropout) == (8, ("q", "v"), 0.05)
+    several = bench.scenario({"config": "Llama-3.2-1B", "method": "lora", "seq_len": 256, "devices": 2})
+    assert (several.engine, several.checkpointing, several.reentrant) == ("fsdp", "full", False)
