@@ -176,6 +176,13 @@ class _Rules:
         return engine_of(self).runs_autocast(self)
 
     @property
+    def frozen_fp32_in_module(self) -> bool:
+        """Frozen weights live in fp32 in the module: the model was built in fp32 and plain torch runs mixed
+        precision over it (an engine that casts the module, DeepSpeed or FSDP, holds them in 16 bit)."""
+        return (self.frozen_fp32 and self.precision.endswith("mixed") and self.engine in ("single", "ddp")
+                and not engine_of(self).casts_module(self))
+
+    @property
     def tokens_per_micro_batch(self) -> int:
         return self.micro_batch * self.seq_len
 

@@ -72,7 +72,8 @@ def residual_bytes(s: Scenario) -> int:
     fp32_master_in_module = s.precision.endswith("mixed") and not engine_of(s).casts_module(s)
     if s.model.embedding_norm and _fp32_layer_norm(s):  # BLOOM: an fp32 embedding LayerNorm starts the stream
         return 4
-    return 4 if fp32_master_in_module and s.trains_whole("embed_tokens") else s.compute_bytes
+    fp32_embedding = fp32_master_in_module and s.trains_whole("embed_tokens") or s.frozen_fp32_in_module
+    return 4 if fp32_embedding else s.compute_bytes
 
 
 def _fp32_layer_norm(s: Scenario) -> bool:

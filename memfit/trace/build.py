@@ -243,7 +243,8 @@ def dtypes_for(scenario: Scenario) -> tuple[torch.dtype, torch.dtype, torch.dtyp
     compute = compute_dtype(scenario)
     trainable = torch.float32 if fp32_trainable(scenario) else compute
     adapters = torch.float32 if scenario.precision == "fp32" else DTYPES[scenario.adapter_dtype]
-    return compute, trainable, adapters
+    frozen = torch.float32 if scenario.frozen_fp32_in_module else compute
+    return frozen, trainable, adapters
 
 
 def _decoder_layers(hf_model) -> torch.nn.ModuleList:

@@ -87,7 +87,8 @@ def quantized_bytes(s) -> float:
 
 def frozen_bytes(s, tensors: list[ParamTensor]) -> float:
     """Bytes of frozen weights: 4-bit storage for quantized linears, compute dtype for the rest."""
-    frozen_dtype = 4 if s.precision == "fp32" or s.kbit_upcast and s.tuning == "qlora" else s.compute_bytes
+    fp32 = s.precision == "fp32" or s.kbit_upcast and s.tuning == "qlora" or s.frozen_fp32_in_module
+    frozen_dtype = 4 if fp32 else s.compute_bytes
 
     def dtype(t: ParamTensor) -> float:  # a frozen adapter tensor (VeRA's projections) has the adapters' dtype
         if t.element_bytes and s.engine != "deepspeed":  # DeepSpeed casts the whole module, buffers too

@@ -9,14 +9,32 @@ from memfit.memory.states.common import ModelStates, frozen_bytes, torch_optimiz
 DDP_BUCKET_COPY = True
 
 
+def _reads_as_head(s, t: ParamTensor) -> bool:
+    return t.kind == "lm_head" or t.kind == "embedding" and s.model.tie_embeddings
+
+
 def _fp32_under_autocast(s, t: ParamTensor) -> bool:
+    if s.frozen_fp32_in_module and not t.trainable and _reads_as_head(s, t):
+        return True  # a tied head multiplies by the embedding's fp32 weight
     if t.kind not in ("linear", "lm_head", "lora") or t.quantized:
         return False
     if t.kind == "lora" and s.tuning not in ("lora", "qlora", "ptuning"):
         return False  # other PEFT methods: the casts they save are in their layer facts (data/peft.toml)
     if t.trainable:
         return trainable_dtype_bytes(s, t) == 4
+    if s.frozen_fp32_in_module and t.kind != "lora":
+        return True  # _frozen_casts
     return s.tuning == "qlora" and s.kbit_upcast and t.kind == "lm_head"  # PEFT's kbit upcast
+
+
+def _frozen_casts(s, copies: list[ParamTensor]) -> int:
+    """Autocast caches no cast of a frozen fp32 weight (requires_grad off), but each matmul saves the 16-bit copy it
+    read for its input's gradient until that Linear's backward: held by the layers that are not checkpointed (a
+    checkpointed layer drops them with the rest of what it saved)."""
+    layer_copies = sum(t.total * s.compute_bytes for t in copies if not t.trainable and t.per_layer)
+    layers = max(s.model.num_layers, 1)
+    checkpointed = {"off": 0, "every_n": -(-layers // max(s.checkpoint_every_n, 1))}.get(s.checkpointing, layers)
+    return layer_copies * (layers - checkpointed) // layers
 
 
 def states(s, tensors: list[ParamTensor]) -> ModelStates:
@@ -35,8 +53,9 @@ def states(s, tensors: list[ParamTensor]) -> ModelStates:
         # autocast casts each fp32 weight a matmul reads to 16 bit; the copies are cached through forward and
         # saved for backward by the matmuls whose input needs a gradient (aten autocast_mode.cpp)
         copies = [t for t in tensors if _fp32_under_autocast(s, t)]
-        ms.autocast_cache = sum(t.total * s.compute_bytes for t in copies)
-        ms.autocast_cache_head = sum(t.total * s.compute_bytes for t in copies if t.kind == "lm_head")
+        cached = [t for t in copies if t.trainable or _reads_as_head(s, t)]
+        ms.autocast_cache = sum(t.total * s.compute_bytes for t in cached) + _frozen_casts(s, copies)
+        ms.autocast_cache_head = sum(t.total * s.compute_bytes for t in cached if _reads_as_head(s, t))
     if s.model.tie_embeddings:
         # the tied embedding's backward makes a fresh dense gradient and adds it into the head's
         ms.grads_unreduced = sum(t.total * trainable_dtype_bytes(s, t) for t in trainable if t.kind == "embedding")
