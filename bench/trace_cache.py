@@ -82,7 +82,7 @@ def _acts(scenario: Scenario, name: str) -> bool:
 # ModelSpec facts that only the analytic model reads (the trace takes them from transformers' own config
 # classes), so adding one does not invalidate the cached traces
 ANALYTIC_ONLY_MODEL_FACTS = ("norm_fp32_scale", "attn_softcap", "logit_softcap", "dropout", "eager_repeats_kv",
-                             "eager_softmax_in_input_dtype", "eager_qk_fp32", "has_sdpa", "has_flash")
+                             "eager_softmax_in_input_dtype", "eager_qk_fp32", "has_sdpa", "has_flash", "sdpa_v_view")
 
 
 def fingerprint(scenario: Scenario) -> str:

@@ -43,6 +43,7 @@ ARCH_DEFAULTS: dict = {
     "eager_softmax_in_input_dtype": False,
     "eager_qk_fp32": False,
     "sdpa_math": False,
+    "sdpa_v_view": False,
     "has_sdpa": True,
     "has_flash": True,
     "hidden_act": "silu",
@@ -103,6 +104,9 @@ class ModelSpec:
     # SDPA gets k/v heads the fused kernels refuse (Falcon-7B's one broadcast kv head, no enable_gqa), so torch
     # runs its math kernel: fp32 scores, the fp32 softmax kept for backward
     sdpa_math: bool = False
+    # SDPA saves v as a view of the fused qkv output (GPT-NeoX: qkv.view(...).chunk(3)), which keeps the q and k parts
+    # of that output alive until backward (traced)
+    sdpa_v_view: bool = False
     has_sdpa: bool = True  # transformers has an SDPA / flash-attention path for the family (its _supports_* flags)
     has_flash: bool = True
     hidden_act: str = "silu"  # the MLP activation (transformers ACT2FN name); activations.toml says what it saves
