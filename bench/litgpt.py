@@ -43,7 +43,12 @@ ROWS = [  # LitGPT runs: config, method, micro-batch, length (and n_layer for a 
     {"config": "Llama-3.2-1B", "method": "full", "micro_batch": 1, "seq_len": 1024},
     {"config": "Llama-3.2-1B", "method": "full", "micro_batch": 4, "seq_len": 512},
     {"config": "Llama-3-8B", "method": "full", "micro_batch": 1, "seq_len": 512},
+    # LitGPT's own default precision: an fp32 model under autocast (a frozen head is cast once per chunk)
+    {"config": "Llama-3.2-1B", "method": "lora", "micro_batch": 2, "seq_len": 512, "precision": "bf16-mixed"},
+    {"config": "Mistral-7B-v0.1", "method": "lora", "micro_batch": 1, "seq_len": 1024, "precision": "bf16-mixed"},
+    {"config": "Llama-3.2-1B", "method": "full", "micro_batch": 2, "seq_len": 512, "precision": "bf16-mixed"},
 ]
+PRECISION = {"bf16-true": "bf16-pure", "bf16-mixed": "bf16-mixed"}  # LitGPT --precision -> memfit's
 
 
 def venv_python() -> Path:
@@ -69,7 +74,8 @@ def scenario(run: dict):
     model = find_model(MODELS[run["config"]])
     if run.get("n_layer"):
         model = replace(model, num_layers=run["n_layer"])
-    knobs = {"tuning": run["method"], "micro_batch": run.get("micro_batch", 1), "seq_len": run["seq_len"]}
+    knobs = {"tuning": run["method"], "micro_batch": run.get("micro_batch", 1), "seq_len": run["seq_len"],
+             "precision": PRECISION[run.get("precision", "bf16-true")]}
     hardware = Hardware(gpu=find_gpu("a100-80gb"), gpus_per_node=run.get("devices", 1))
     return build_scenario(model, hardware, knobs, "litgpt")
 

@@ -64,3 +64,11 @@ def fused_qkv(s: Scenario, b: int, adapted: dict[str, tuple[int, float]]) -> int
         if s.lora_dropout > 0:
             extra -= (len(parts) - 1) * m.hidden_size
     return extra
+
+
+def head_casts(s: Scenario) -> int:
+    """16-bit copies autocast makes of a frozen fp32 output head: one per call, and LitGPT's chunked head
+    (lm_head_chunk_size) calls it once per chunk of positions, each chunk's matmul saving its own copy for backward
+    (autocast caches no cast of a weight that needs no gradient; traced on bf16-mixed LoRA)."""
+    chunk = model_code(s.profile).get("head_chunk")
+    return -(-s.seq_len // chunk) if chunk and not s.trains_whole("lm_head") else 1

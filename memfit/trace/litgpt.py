@@ -44,6 +44,7 @@ class LitRun:
     devices: int = 1  # > 1: Blocks are activation-checkpointed as the multi-device strategies do
     lora: dict = field(default_factory=dict)  # finetune/lora.py setup() arguments (lora_r, lora_mlp, ...)
     steps: int = 2
+    precision: str = "bf16-true"  # or "bf16-mixed" (LitGPT's own default): fp32 model, forward under autocast
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -88,10 +89,10 @@ def make_config(run: LitRun):
     return config_cls.from_name(run.config, **kwargs)
 
 
-def _fabric():
+def _fabric(precision: str):
     import lightning as L
 
-    return L.Fabric(accelerator="cpu", devices=1, precision="bf16-true")
+    return L.Fabric(accelerator="cpu", devices=1, precision=precision)
 
 
 def _checkpoint_blocks(model, block_cls) -> None:
@@ -112,7 +113,7 @@ def build(run: LitRun, fake_mode):
     bf16, the floating buffers (the RoPE cache) are cast."""
     _, gpt_cls, block_cls, mark_trainable = _modules(run.method)
     config = make_config(run)
-    fabric = _fabric()
+    fabric = _fabric(run.precision)
     # the meta device inside: Fabric's init context enters its root device (the CPU), which would win if outside
     with fabric.init_module(empty_init=False), torch.device("meta"):
         gpt = gpt_cls(config)
@@ -120,7 +121,8 @@ def build(run: LitRun, fake_mode):
     if run.devices > 1:
         _checkpoint_blocks(gpt, block_cls)
     precision = fabric.strategy.precision
-    dtype = precision._desired_input_dtype
+    # bf16-true builds in bf16; bf16-mixed builds in fp32 and only the forward runs under autocast
+    dtype = torch.float32 if "mixed" in run.precision else precision._desired_input_dtype
     with fake_mode:
         gpt.to_empty(device="cpu")
         for module in gpt.modules():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from memfit.memory.inventory import ParamTensor
+from memfit.memory.own_code import head_casts
 from memfit.memory.states.common import ModelStates, frozen_bytes, torch_optimizer, trainable_dtype_bytes
 
 # DDP allocates flat gradient buckets (gradient_as_bucket_view=False by default): a second copy of
@@ -25,6 +26,11 @@ def _fp32_under_autocast(s, t: ParamTensor) -> bool:
     if s.frozen_fp32_in_module and t.kind != "lora":
         return True  # _frozen_casts
     return s.tuning == "qlora" and s.kbit_upcast and t.kind == "lm_head"  # PEFT's kbit upcast
+
+
+def _cast_bytes(s, t: ParamTensor) -> int:
+    """A trainable weight's cast is cached once per forward; a frozen head is cast at every call (head_casts)."""
+    return t.total * s.compute_bytes * (1 if t.trainable else head_casts(s))
 
 
 def _frozen_casts(s, copies: list[ParamTensor]) -> int:
@@ -54,8 +60,8 @@ def states(s, tensors: list[ParamTensor]) -> ModelStates:
         # saved for backward by the matmuls whose input needs a gradient (aten autocast_mode.cpp)
         copies = [t for t in tensors if _fp32_under_autocast(s, t)]
         cached = [t for t in copies if t.trainable or _reads_as_head(s, t)]
-        ms.autocast_cache = sum(t.total * s.compute_bytes for t in cached) + _frozen_casts(s, copies)
-        ms.autocast_cache_head = sum(t.total * s.compute_bytes for t in cached if _reads_as_head(s, t))
+        ms.autocast_cache = sum(_cast_bytes(s, t) for t in cached) + _frozen_casts(s, copies)
+        ms.autocast_cache_head = sum(_cast_bytes(s, t) for t in cached if _reads_as_head(s, t))
     if s.model.tie_embeddings:
         # the tied embedding's backward makes a fresh dense gradient and adds it into the head's
         ms.grads_unreduced = sum(t.total * trainable_dtype_bytes(s, t) for t in trainable if t.kind == "embedding")
