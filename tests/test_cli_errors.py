@@ -89,3 +89,9 @@ def test_console_script_prints_no_traceback():
                          capture_output=True, text=True)
     assert out.returncode == 2
     assert "Traceback" not in out.stderr and out.stderr.startswith("memfit: error: unknown model")
+
+
+@pytest.mark.parametrize("extra", [["--precision", "bf16-pure"], ["--gpus", "2", "--zero", "2"]])
+def test_frozen_fp32_where_nothing_keeps_fp32_weights_is_refused(extra, capsys):
+    argv = BASE + ["--tuning", "lora", "--precision", "bf16-mixed", "--frozen-fp32", *extra]
+    assert_one_line(*run(argv, capsys), "--frozen-fp32 has no effect here", "mixed precision on a single gpu or ddp")

@@ -13,7 +13,7 @@ from memfit.errors import MemfitError
 from memfit.facts.adapters import adapter_methods, method_info, trains_adapters, wraps
 from memfit.facts.catalog import GpuSpec, ModelSpec
 from memfit.facts.engines import engine_of
-from memfit.facts.knobs import Knob, hardware, knobs
+from memfit.facts.knobs import CONDITIONS, Knob, hardware, knobs
 from memfit.facts.runtime import Runtime, default_runtime
 
 ROLE_GROUPS = ("actor", "ref", "critic", "reward")
@@ -179,8 +179,7 @@ class _Rules:
     def frozen_fp32_in_module(self) -> bool:
         """Frozen weights live in fp32 in the module: the model was built in fp32 and plain torch runs mixed
         precision over it (an engine that casts the module, DeepSpeed or FSDP, holds them in 16 bit)."""
-        return (self.frozen_fp32 and self.precision.endswith("mixed") and self.engine in ("single", "ddp")
-                and not engine_of(self).casts_module(self))
+        return self.frozen_fp32 and CONDITIONS["plain_mixed"](self)
 
     @property
     def tokens_per_micro_batch(self) -> int:

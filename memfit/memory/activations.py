@@ -15,7 +15,7 @@ from memfit.facts.engines import engine_of
 from memfit.facts.frameworks import model_code
 from memfit.facts.loss_tail import loss_tail, transformers_release
 from memfit.facts.recompute import Recompute
-from memfit.memory.own_code import code_logits, fused_qkv
+from memfit.memory.own_code import code_logits, fused_qkv, fused_qkv_rest
 from memfit.memory.inventory import ParamTensor, feedforward
 from memfit.memory.unsloth_loss import loss_terms as unsloth_loss_terms
 from memfit.memory.unsloth_offload import unsloth_offload
@@ -92,9 +92,14 @@ def _has_mask(s: Scenario) -> bool:
 
 
 def attention_per_token(s: Scenario, b: int) -> tuple[int, int, int]:
-    """(saved bytes per token, saved bytes per token per key position, transient per token per key).
+    """(saved bytes per token, saved bytes per token per key position, transient per token per key)."""
+    saved, per_key_saved, per_key_transient = _kernel_per_token(s, b)
+    return saved + fused_qkv_rest(s, b), per_key_saved, per_key_transient
 
-    The kernel's output is saved by the kernel and, in its [B,T,H,d] layout, is o_proj's input too."""
+
+def _kernel_per_token(s: Scenario, b: int) -> tuple[int, int, int]:
+    """What the attention kernel saves (attention_per_token's three); its output, in the [B,T,H,d] layout, is also
+    o_proj's input."""
     m = s.model
     q = m.num_heads * m.head_dim
     kv = m.num_kv_heads * m.head_dim
@@ -104,13 +109,12 @@ def attention_per_token(s: Scenario, b: int) -> tuple[int, int, int]:
         return b * (q + 2 * kv + q) + lse + (b * m.hidden_size + 8 if _has_mask(s) else 0), 0, 0
     if s.attention == "sdpa" and m.sdpa_math:  # torch's math kernel: fp32 q, k, v copies, the fp32 softmax saved
         return 4 * (q + 2 * kv) + (b * q), 4 * m.num_heads, 8 * m.num_heads
-    fused_rest = b * (q + kv) if m.sdpa_v_view else 0  # v is a view: the whole fused q, k, v output stays saved
     if s.attention == "sdpa" and not _has_mask(s):  # no mask, enable_gqa: the flash kernel
         # a framework that expands k, v to every query head itself hands the kernel q-sized copies (model_code)
-        return b * (q + 2 * (q if model_code(s.profile).get("expands_kv") else kv) + q) + lse + fused_rest, 0, 0
+        return b * (q + 2 * (q if model_code(s.profile).get("expands_kv") else kv) + q) + lse, 0, 0
     if s.attention == "sdpa":  # bool mask -> mem-efficient kernel over repeat_kv'd k, v
         # one kv head: repeat_kv's expand + reshape of a size-1 head dim is a view, the kernel saves no copy (traced)
-        return b * (q + 2 * (kv if m.num_kv_heads == 1 else repeated) + q) + lse + fused_rest, 0, 0
+        return b * (q + 2 * (kv if m.num_kv_heads == 1 else repeated) + q) + lse, 0, 0
     # eager: q and repeated k for QK^T, fp32 softmax output and its bf16 cast for PV, repeated v (the
     # contiguous copy of the output is o_proj's input, counted with the Linear inputs); attention dropout
     # keeps a bool mask per score

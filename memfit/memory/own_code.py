@@ -48,16 +48,15 @@ def code_logits(s: Scenario, n: int, v: int) -> CodeLogits | None:
 
 def fused_qkv(s: Scenario, b: int, adapted: dict[str, tuple[int, float]]) -> int:
     """Bytes per token one decoder layer saves beyond the transformers-shaped count, for a model code with one fused
-    qkv Linear (LitGPT CausalSelfAttention.qkv, lora.py LoRAQKVLinear; [model_code] fused_qkv, traced):
-    - without k/v expansion (as many kv heads as heads) v is a view of the fused output: the attention kernel's
-      saved v keeps the whole q+k+v output alive;
-    - LoRA on it keeps its B output (the adapted parts' widths) and drops its input once, for every part (one
-      bool mask where per-module LoRA has one per adapted module)."""
+    qkv Linear (LitGPT CausalSelfAttention.qkv, lora.py LoRAQKVLinear; [model_code] fused_qkv, traced): LoRA on it
+    keeps its B output (the adapted parts' widths) and drops its input once, for every part (one bool mask where
+    per-module LoRA has one per adapted module). (The saved v that keeps the whole fused output alive is counted
+    with the attention: fused_qkv_rest.)"""
     if not model_code(s.profile).get("fused_qkv"):
         return 0
     m = s.model
     q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
-    extra = b * (q + kv) if m.num_kv_heads == m.num_heads else 0
+    extra = 0
     parts = [roles for mod, roles in m.linear_names.items() if mod in adapted and set(roles) & {"q", "k", "v"}]
     if parts and s.tuning in ("lora", "qlora"):
         extra += b * sum(q if "q" in roles else kv for roles in parts)
@@ -72,3 +71,15 @@ def head_casts(s: Scenario) -> int:
     (autocast caches no cast of a weight that needs no gradient; traced on bf16-mixed LoRA)."""
     chunk = model_code(s.profile).get("head_chunk")
     return -(-s.seq_len // chunk) if chunk and not s.trains_whole("lm_head") else 1
+
+
+def fused_qkv_rest(s: Scenario, b: int) -> int:
+    """Bytes per token of one fused qkv output that stay saved because the SDPA kernel's saved v is a view of it
+    (traced): a transformers family that splits it with views (GPT-NeoX), or a framework's own fused qkv (LitGPT)
+    with as many kv heads as heads (else k, v are expanded copies). Eager's PV matmul reshapes v into a contiguous
+    copy and torch's math kernel saves fp32 copies (traced: neither keeps it); flash is assumed to keep it."""
+    m = s.model
+    own = model_code(s.profile).get("fused_qkv") and m.num_kv_heads == m.num_heads
+    if not (m.sdpa_v_view or own) or s.attention == "eager" or s.attention == "sdpa" and m.sdpa_math:
+        return 0
+    return b * (m.num_heads + m.num_kv_heads) * m.head_dim

@@ -266,7 +266,13 @@ def main(argv: list[str]) -> int:
     warnings.filterwarnings("ignore")
     specs = argv or [line for line in sys.stdin if line.strip()]
     for spec in specs:
-        print(json.dumps(trace(LitRun(**json.loads(spec)))), flush=True)
+        try:
+            run = LitRun(**json.loads(spec))
+            make_config(run)  # an unknown config name fails here, before any tracing
+        except (ValueError, TypeError) as e:  # malformed JSON, unknown keys, methods or config names
+            print(f"memfit: error: run {spec.strip()!r}: {e}", file=sys.stderr)
+            return 2
+        print(json.dumps(trace(run)), flush=True)
     return 0
 
 

@@ -356,9 +356,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("rows", help='JSON: [["meta-llama/Llama-3.2-1B", {"tuning": "lora"}, 2], ...]')
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
+    try:
+        rows = [scenario_of(model, knobs, layers) for model, knobs, layers in json.loads(args.rows)]
+    except (ValueError, TypeError, MemfitError) as e:  # malformed JSON or rows, unknown models or knobs
+        parser.exit(2, f"memfit: error: rows {args.rows!r}: {e}\n")
     out = []
-    for model, knobs, layers in json.loads(args.rows):
-        result = run_torchtune_trace(scenario_of(model, knobs, layers))
+    for s in rows:
+        result = run_torchtune_trace(s)
         out.append({"profile": result.profile.to_json(), "torchtune": torchtune_version(), "notes": result.notes})
     print(json.dumps(out))
     return 0

@@ -4,6 +4,7 @@ The venv (.venvs/litgpt, or $MEMFIT_LITGPT_VENV) is built by tests/trace/setup_l
 tests/formats does for LLaMA-Factory's; building it needs the package index.
 """
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -71,3 +72,14 @@ def test_a_tied_head_is_untied_and_lora_takes_litgpts_defaults():
     assert (s.lora_rank, s.lora_targets, s.lora_dropout) == (8, ("q", "v"), 0.05)
     several = bench.scenario({"config": "Llama-3.2-1B", "method": "lora", "seq_len": 256, "devices": 2})
     assert (several.engine, several.checkpointing, several.reentrant) == ("fsdp", "full", False)
+
+
+@pytest.mark.parametrize("spec, says", [("notjson", "expecting value"),
+                                        ('{"config": "NoSuch", "method": "lora"}', "not a supported config name"),
+                                        ('{"config": "Llama-3.2-1B", "method": "prefix"}', "method")])
+def test_a_bad_run_is_one_line(venv_python, spec, says):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([str(venv_python), "-m", "memfit.trace.litgpt"], input=spec, cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and says in done.stderr.lower(), done.stderr

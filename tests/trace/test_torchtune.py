@@ -121,3 +121,11 @@ def test_the_venv_script_installs_the_recorded_releases():
     script = (ROOT / "tests" / "trace" / "setup_torchtune_venv.sh").read_text()
     assert f'torchtune=={code["torchtune"]}' in script
     assert f'torchao=={code["torchao"]}' in script
+
+
+@pytest.mark.parametrize("rows, says", [("notjson", "expecting value"), ('[["nosuch", {"tuning": "lora"}, 2]]',
+                                                                         "unknown model")])
+def test_bad_rows_are_one_line(rows, says):
+    done = _run("-m", "memfit.trace.torchtune", rows)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and says in done.stderr.lower(), done.stderr
