@@ -3,8 +3,8 @@
     python bench/litgpt.py              # table from bench/litgpt_traces.json (traces missing rows in LitGPT's venv)
     python bench/litgpt.py --retrace    # trace every row again (a few minutes on 2 cores)
 
-Each row is one LitGPT run on one device: a litgpt Config by name, the finetune script (full / lora), micro-batch
-and length. The trace runs LitGPT's GPT, its loop and its loss through Lightning Fabric (bf16-true) in LitGPT's
+Each row is one LitGPT run on one device: a litgpt Config by name, the finetune script (full, lora, adapter, adapter_v2),
+micro-batch and length. The trace runs LitGPT's GPT, its loop and its loss through Lightning Fabric (bf16-true) in LitGPT's
 own venv (tests/trace/setup_litgpt_venv.sh); the estimate is memfit's for the catalog model of the same name
 under --profile litgpt, every other knob left to the profile. Compared: the allocated peak of the step (weights,
 gradients, optimizer states, activations, logits/loss), per row and as median / max |error|.
@@ -47,7 +47,18 @@ ROWS = [  # LitGPT runs: config, method, micro-batch, length (and n_layer for a 
     {"config": "Llama-3.2-1B", "method": "lora", "micro_batch": 2, "seq_len": 512, "precision": "bf16-mixed"},
     {"config": "Mistral-7B-v0.1", "method": "lora", "micro_batch": 1, "seq_len": 1024, "precision": "bf16-mixed"},
     {"config": "Llama-3.2-1B", "method": "full", "micro_batch": 2, "seq_len": 512, "precision": "bf16-mixed"},
+    # LLaMA-Adapter v1 / v2 (finetune adapter / adapter_v2)
+    {"config": "Llama-3.2-1B", "method": "adapter", "micro_batch": 2, "seq_len": 512},
+    {"config": "Llama-3.2-1B", "method": "adapter_v2", "micro_batch": 2, "seq_len": 512},
+    {"config": "Llama-3-8B", "method": "adapter", "micro_batch": 1, "seq_len": 1024},
+    {"config": "Llama-3-8B", "method": "adapter_v2", "micro_batch": 2, "seq_len": 1024},
+    {"config": "Mistral-7B-v0.1", "method": "adapter_v2", "micro_batch": 1, "seq_len": 2048},
+    {"config": "Llama-2-7b-hf", "method": "adapter", "micro_batch": 4, "seq_len": 512},
+    {"config": "Llama-3.2-1B", "method": "adapter", "micro_batch": 2, "seq_len": 512, "precision": "bf16-mixed"},
+    {"config": "Llama-3.2-1B", "method": "adapter_v2", "micro_batch": 2, "seq_len": 512, "precision": "bf16-mixed"},
 ]
+# LitGPT's finetune script -> memfit's --tuning
+TUNING = {"full": "full", "lora": "lora", "adapter": "llama_adapter", "adapter_v2": "llama_adapter_v2"}
 PRECISION = {"bf16-true": "bf16-pure", "bf16-mixed": "bf16-mixed"}  # LitGPT --precision -> memfit's
 
 
@@ -74,7 +85,7 @@ def scenario(run: dict):
     model = find_model(MODELS[run["config"]])
     if run.get("n_layer"):
         model = replace(model, num_layers=run["n_layer"])
-    knobs = {"tuning": run["method"], "micro_batch": run.get("micro_batch", 1), "seq_len": run["seq_len"],
+    knobs = {"tuning": TUNING[run["method"]], "micro_batch": run.get("micro_batch", 1), "seq_len": run["seq_len"],
              "precision": PRECISION[run.get("precision", "bf16-true")]}
     hardware = Hardware(gpu=find_gpu("a100-80gb"), gpus_per_node=run.get("devices", 1))
     return build_scenario(model, hardware, knobs, "litgpt")

@@ -31,6 +31,11 @@ def adapter_methods() -> tuple[str, ...]:
     return tuple(_methods())
 
 
+def peft_methods() -> tuple[str, ...]:
+    """The methods PEFT itself implements (a config class); the others run in a framework's own code."""
+    return tuple(name for name, info in _methods().items() if "peft" in info)
+
+
 def wraps(method: str) -> str | None:
     """How a method of adapters.toml attaches: "linear", "virtual_tokens", "norms" (None: not one of them)."""
     return _methods()[method]["wraps"] if method in _methods() else None

@@ -124,6 +124,7 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
         values["lora_targets"] = tuple(values["lora_targets"])
     _attention_kernel(values, model, "attention" in typed, "attention" in given, assumed)
     model = _own_model_code(fw, model, hardware, values, given, assumed)
+    _prompt_adapter(fw, model, values.get("tuning"), assumed)
     engine = _engine(given, fw.defaults, hardware, assumed, profile_name)
     values["engine"] = engine
     values |= _engine_values(engine, given, fw, model)
@@ -171,6 +172,21 @@ def _own_model_code(fw: Framework, model: ModelSpec, hardware: Hardware, values:
                 assumed[:] = [a for a in assumed if not a.startswith(f"{knob}=")]  # the one-device default it replaces
                 assumed.append(f"{knob}={several[knob]} ({fw.name} on several devices)")
     return model
+
+
+def _prompt_adapter(fw: Framework, model: ModelSpec, tuning: str | None, assumed: list[str]) -> None:
+    """LLaMA-Adapter runs in a framework's own model code (LitGPT's), whose [model_code.<method>] says its shape."""
+    if wraps(tuning) != "prompt_attention":
+        return
+    code = fw.model_code.get(tuning)
+    if not code:
+        raise MemfitError(f"--tuning {tuning} runs LitGPT's own model code: add --profile litgpt")
+    if not code["scaled_linears"] and model.num_layers <= code["start_layer"]:
+        raise MemfitError(f"--tuning {tuning}: {model.id} has {model.num_layers} layers, none at or above the "
+                          f"prompt's start layer {code['start_layer']}, so nothing trains (LitGPT fails the same way)")
+    assumed.append(f"{tuning}: a {code['prompt_length']}-token prompt in every layer from layer {code['start_layer']} "
+                   f"({fw.name} default)" + ("" if code["prompt_trains"] else
+                                             "; the prompt itself gets no gradient, only its gates (traced)"))
 
 
 def _inert(s: Scenario, given: dict, typed: Collection[str]) -> list[str]:

@@ -73,8 +73,9 @@ class _Rules:
                       and not self.runs_autocast),
                  "LN tuning with fp32 norm copies and no autocast feeds fp32 into the 16-bit Linears (torch refuses "
                  "the dtype mix); use --adapter-dtype bf16 or a trainer that runs autocast")
-        _require(self.lora_dropout == 0 or method_info(self.tuning).get("dropout", False),
-                 f"--tuning {self.tuning} has no input dropout (PEFT {method_info(self.tuning)['peft']}); "
+        info = method_info(self.tuning)
+        _require(self.lora_dropout == 0 or info.get("dropout", False),
+                 f"--tuning {self.tuning} has no input dropout ({info.get('peft', info['description'].split(':')[0])}); "
                  "leave --lora-dropout at 0")
 
     def _check_token_rows(self) -> None:

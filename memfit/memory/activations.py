@@ -15,8 +15,9 @@ from memfit.facts.engines import engine_of
 from memfit.facts.frameworks import model_code
 from memfit.facts.loss_tail import loss_tail, transformers_release
 from memfit.facts.recompute import Recompute
-from memfit.memory.own_code import code_logits, fused_qkv, fused_qkv_rest
-from memfit.memory.inventory import ParamTensor, feedforward
+from memfit.memory.own_code import (code_logits, fused_qkv, fused_qkv_rest, prompt_layer_extra, prompt_layers,
+                                    scaled_head)
+from memfit.memory.inventory import ParamTensor, feedforward, prompt_adapter
 from memfit.memory.unsloth_loss import loss_terms as unsloth_loss_terms
 from memfit.memory.unsloth_offload import unsloth_offload
 from memfit.facts.scenario import Scenario
@@ -243,7 +244,7 @@ def _norm_per_token(s: Scenario, b: int, rb: int) -> int:
     trains, the normalized tensor in the input dtype; LayerNorm saves its input and two fp32 stats."""
     m = s.model
     h = m.hidden_size
-    trains = s.tuning in ("full", "freeze", "ln_tuning")
+    trains = s.tuning in ("full", "freeze", "ln_tuning") or prompt_adapter(s).get("trains_norms", False)
     if m.norm == "rms":
         fp32_scale = m.norm_fp32_scale or model_code(s.profile).get("norm_fp32_scale", False)
         return 4 * h + ((4 if fp32_scale else rb) * h if trains else 0)
@@ -285,7 +286,7 @@ def _expert_lora_deltas(s: Scenario, b: int, adapters: list[ParamTensor]) -> int
 def _layer_per_token(s: Scenario, b: int, rb: int, adapters) -> int:
     m = s.model
     h, ffn = m.hidden_size, m.intermediate_size
-    norms = _norm_per_token(s, b, rb) * m.norms_per_layer + (4 * m.norms_per_layer if m.norm == "rms" else 0)
+    norm = _norm_per_token(s, b, rb) + (4 if m.norm == "rms" else 0)
     attn, _, _ = attention_per_token(s, b)
     norm_fed, others = _group_inputs(s, b, rb, adapters)
     # MLP intermediates other than down's input: what the activation saves (activations.toml; F.silu and
@@ -304,7 +305,8 @@ def _layer_per_token(s: Scenario, b: int, rb: int, adapters) -> int:
         # gradient reads (fp32 when it scales in fp32); a frozen weight's multiply saves only the weight (traced)
         scaled = (4 if m.norm_fp32_scale else b) if s.tuning in ("full", "freeze", "ln_tuning") else 0
         attn += (4 + scaled) * (m.num_heads + m.num_kv_heads) * m.head_dim
-    return norms + attn + norm_fed + others + mlp + fused_qkv(s, b, _adapted(s, adapters))  # LitGPT's fused qkv
+    own = fused_qkv(s, b, _adapted(s, adapters)) + prompt_layer_extra(s, b, attn, norm)  # LitGPT's own model code
+    return norm * m.norms_per_layer + attn + norm_fed + others + mlp + own
 
 
 def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
@@ -334,6 +336,7 @@ def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
     own = code_logits(s, n, v)  # a framework's own loop and loss (LitGPT; traced, memory/own_code.py)
     if own:
         logits_fwd, logits_saved, logits_bwd = own.forward_peak, own.saved, own.backward_peak
+    scaled = scaled_head(s, n, v)  # LitGPT's LLaMA-Adapter v2 head
     h = m.hidden_size
     rows_saved, head_copy, head_grad, embedding = _token_rows(s, n * b * m.hidden_size)
     return Activations(
@@ -348,9 +351,9 @@ def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
         layer_forward_transient=n * b * max(4 * h, 2 * m.intermediate_size) + rows * t * t * per_key_transient,
         layer_backward_transient=n * b * (3 * m.intermediate_size + 2 * h)
         + rows * t * t * _backward_per_key(s) + _peft_backward(s, adapters),
-        logits_forward_peak=logits_fwd + head_copy,
-        logits_saved=logits_saved + head_copy,
-        logits_backward_peak=logits_bwd + head_copy,
+        logits_forward_peak=logits_fwd + head_copy + scaled,
+        logits_saved=logits_saved + head_copy + scaled,
+        logits_backward_peak=logits_bwd + head_copy + scaled,
         logits_grad=(n * v * (4 if s.precision == "fp32" else b) if s.loss in ("standard", "inplace_ce")
                      else _chunked_head(s, n, v, b))
         + head_copy + head_grad if not own else own.grad,
@@ -399,8 +402,8 @@ def _backward_per_key(s: Scenario) -> int:
 
 
 def _checkpoint_split(s: Scenario) -> tuple[int, int]:
-    # freeze tuning: no gradient reaches the frozen layers below the trainable ones, so they save nothing
-    layers = s.freeze_trainable_layers if s.tuning == "freeze" else s.model.num_layers
+    # freeze tuning, LLaMA-Adapter: no gradient reaches the frozen layers below the trainable ones: they save nothing
+    layers = s.freeze_trainable_layers if s.tuning == "freeze" else prompt_layers(s) or s.model.num_layers
     if s.checkpointing == "off":
         return 0, layers
     if s.checkpointing == "every_n":

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 from memfit.errors import MemfitError
 from memfit.facts.adapters import elements_of, facts_for, method_info, wraps
+from memfit.facts.frameworks import model_code
 from memfit.facts.peft_shapes import layer_sizes
 from memfit.facts.catalog import ModelSpec
 
@@ -302,7 +303,7 @@ def tuned_tensors(model: ModelSpec, tuning: str, rank: int = 8, targets: tuple[s
         return norm_copies(tensors)
     if wraps(tuning) == "virtual_tokens":
         return frozen + prompt_tensors(model, tuning, virtual_tokens)
-    if wraps(tuning) == "tokens":  # the rows themselves: scenario_tensors, as for LoRA's trainable_token_indices
+    if wraps(tuning) in ("tokens", "prompt_attention"):  # scenario_tensors adds them (the rows; the framework's)
         return frozen
     if wraps(tuning) == "linear":
         return frozen + peft_tensors(model, tensors, tuning, rank, targets)
@@ -322,10 +323,35 @@ def saved_copies(model: ModelSpec, tensors: list[ParamTensor], modules: tuple[st
     return out
 
 
+TRAINED_NORMS = ("norm0", "norm1", "final_norm")  # LitGPT adapter_filter: norm_1, norm_2, ln_f
+
+
+def prompt_adapter(s) -> dict:
+    """The [model_code.<tuning>] facts of a framework's own LLaMA-Adapter ({} under any other tuning)."""
+    return model_code(s.profile).get(s.tuning, {}) if wraps(s.tuning) == "prompt_attention" else {}
+
+
+def prompt_adapter_tensors(s, frozen: list[ParamTensor]) -> list[ParamTensor]:
+    """LitGPT's LLaMA-Adapter (adapter.py / adapter_v2.py): a prompt and per-head gates in every layer from the
+    start layer on; v2 adds a scale and a bias to every Linear's output (the head's too) and trains the norms."""
+    code, m = prompt_adapter(s), s.model
+    prompted = max(m.num_layers - code["start_layer"], 0)
+    out = [replace(t, trainable=True) if code["trains_norms"] and t.module in TRAINED_NORMS else t for t in frozen]
+    out += [ParamTensor("attn.adapter_wte.weight", code["prompt_length"] * m.hidden_size, prompted, "lora",
+                        "adapter_wte", per_layer=True, trainable=code["prompt_trains"]),
+            ParamTensor("attn.gating_factor", m.num_heads, prompted, "lora", "gating_factor", per_layer=True)]
+    if code["scaled_linears"]:
+        out += [ParamTensor(t.name.replace(".weight", ".adapter_scale_bias"), 2 * t.out_features, t.count, "lora",
+                            t.module, per_layer=t.per_layer) for t in frozen if t.kind in ("linear", "lm_head", "router")]
+    return [t for t in out if t.count]
+
+
 def scenario_tensors(s) -> list[ParamTensor]:
     """The inventory of a scenario's model under its tuning."""
     tensors = tuned_tensors(s.model, s.tuning, s.lora_rank, s.lora_targets, s.dora, s.freeze_trainable_layers,
                             s.virtual_tokens)
+    if wraps(s.tuning) == "prompt_attention":
+        tensors = prompt_adapter_tensors(s, tensors)
     if not s.uses_adapters:
         return tensors
     return tensors + saved_copies(s.model, tensors, s.modules_to_save) + token_rows(s.model, s.trainable_tokens)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from memfit.facts.frameworks import model_code
 from memfit.facts.scenario import Scenario
+from memfit.memory.inventory import prompt_adapter
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,14 @@ def fused_qkv(s: Scenario, b: int, adapted: dict[str, tuple[int, float]]) -> int
     return extra
 
 
+def scaled_head(s: Scenario, n: int, v: int) -> int:
+    """LLaMA-Adapter v2 scales the head's output: each chunk's product saves the unscaled logits, fp32 when the
+    model was built in fp32 (its scale and bias promote autocast's 16-bit output; traced)."""
+    if not prompt_adapter(s).get("scaled_linears"):
+        return 0
+    return n * v * (4 if s.frozen_fp32_in_module else s.compute_bytes)
+
+
 def head_casts(s: Scenario) -> int:
     """16-bit copies autocast makes of a frozen fp32 output head: one per call, and LitGPT's chunked head
     (lm_head_chunk_size) calls it once per chunk of positions, each chunk's matmul saving its own copy for backward
@@ -83,3 +92,46 @@ def fused_qkv_rest(s: Scenario, b: int) -> int:
     if not (m.sdpa_v_view or own) or s.attention == "eager" or s.attention == "sdpa" and m.sdpa_math:
         return 0
     return b * (m.num_heads + m.num_kv_heads) * m.head_dim
+
+
+def prompt_layers(s: Scenario) -> int | None:
+    """Layers that save activations under LLaMA-Adapter: all with v2 (layer 0's norm trains), else the prompted
+    ones (no gradient reaches the layers below the first prompt). None under any other tuning."""
+    code = prompt_adapter(s)
+    if not code:
+        return None
+    return s.model.num_layers if code["scaled_linears"] else s.model.num_layers - code["start_layer"]
+
+
+def prompt_layer_extra(s: Scenario, b: int, attention: int, first_norm: int) -> int:
+    """Bytes per token a layer saves under LLaMA-Adapter beyond a frozen layer's, averaged over prompt_layers
+    (traced, litgpt 0.5.13). A prompted layer: the prompt attention's output (the gate's product saves it), its
+    fp32 log-sum-exp and its (token x prompt) bias, padded to 16. v1: the lowest prompted layer's own attention and
+    first norm save nothing (no gradient flows below it). v2: each Linear's product saves linear(x) + bias (traced on
+    bf16-true and bf16-mixed)."""
+    code = prompt_adapter(s)
+    if not code:
+        return 0
+    m = s.model
+    prompted = max(m.num_layers - code["start_layer"], 0)
+    total = prompted * (b * m.num_heads * m.head_dim + 4 * m.num_heads + b * -(-code["prompt_length"] // 16) * 16)
+    if code["scaled_linears"]:
+        # a model built in fp32 (bf16-mixed) has fp32 scales and biases: under autocast they promote every Linear's
+        # output, and so the MLP's intermediates, to fp32; the prompt's attention casts q to 16 bit once more
+        ob = 4 if s.frozen_fp32_in_module else b
+        ffn = m.intermediate_size * (3 if m.mlp == "gated" else 1) if not m.is_moe else 0
+        total += m.num_layers * (ob * _linear_outputs(s) + (ob - b) * ffn)
+        total += prompted * b * m.num_heads * m.head_dim if ob != b else 0
+    else:
+        total -= attention + first_norm
+    return -(-total // prompt_layers(s))
+
+
+def _linear_outputs(s: Scenario) -> int:
+    """Output widths one token meets in a layer's Linears: attention (q, k, v, o) and the MLP (routed experts'
+    per chosen expert, and the router)."""
+    m = s.model
+    attn = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim + m.hidden_size
+    ffn = m.moe_intermediate_size or m.intermediate_size if m.is_moe else m.intermediate_size
+    mlp = (2 * ffn if m.mlp == "gated" else ffn) + m.hidden_size
+    return attn + (m.experts_per_token * mlp + m.num_experts if m.is_moe else mlp)

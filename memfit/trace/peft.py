@@ -116,6 +116,9 @@ def apply_peft(model, scenario: Scenario, family: str):
 
     if scenario.tuning not in adapter_methods():
         return apply_lora(model, scenario, family)
+    if "peft" not in method_info(scenario.tuning):  # a framework's own method (LitGPT's LLaMA-Adapter)
+        raise MemfitError(f"--tuning {scenario.tuning} runs LitGPT's own model code, which this trace (transformers' "
+                          "code) does not run: trace it in LitGPT's venv with python -m memfit.trace.litgpt")
     with _shaped_permutations(scenario.tuning == "boft"):
         model = get_peft_model(model, _config(scenario, family, model))
     if scenario.tuning in ("loha", "lokr"):

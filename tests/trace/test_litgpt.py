@@ -26,6 +26,10 @@ TOLERANCE_PCT = 5.0
 RETRACED = [
     {"config": "Llama-3.2-1B", "method": "lora", "micro_batch": 2, "seq_len": 384, "n_layer": 2},
     {"config": "Llama-3.2-1B", "method": "full", "micro_batch": 1, "seq_len": 640, "n_layer": 1},
+    # LLaMA-Adapter: the two layers below the first prompt save nothing (v1); v2 in LitGPT's default bf16-mixed
+    {"config": "Llama-3.2-1B", "method": "adapter", "micro_batch": 2, "seq_len": 256, "n_layer": 4},
+    {"config": "Llama-3.2-1B", "method": "adapter_v2", "micro_batch": 1, "seq_len": 384, "n_layer": 3,
+     "precision": "bf16-mixed"},
 ]
 
 
@@ -72,6 +76,54 @@ def test_a_tied_head_is_untied_and_lora_takes_litgpts_defaults():
     assert (s.lora_rank, s.lora_targets, s.lora_dropout) == (8, ("q", "v"), 0.05)
     several = bench.scenario({"config": "Llama-3.2-1B", "method": "lora", "seq_len": 256, "devices": 2})
     assert (several.engine, several.checkpointing, several.reentrant) == ("fsdp", "full", False)
+
+
+@pytest.mark.parametrize("index", [i for i, run in enumerate(RETRACED) if run["method"].startswith("adapter")])
+def test_the_adapters_train_what_litgpt_marks_trainable(retraced, index):
+    """memfit's inventory of LLaMA-Adapter v1 / v2 counts LitGPT's own trainable parameters; the v1 prompt, though
+    marked trainable, is held frozen (fit()'s no-grad validation caches its k/v) and gets no gradient in the trace."""
+    from memfit.memory.inventory import scenario_tensors
+
+    s = bench.scenario(RETRACED[index])
+    tensors = scenario_tensors(s)
+    trained = sum(t.total for t in tensors if t.trainable)
+    prompt = sum(t.total for t in tensors if t.module == "adapter_wte")
+    assert prompt and not any(t.trainable for t in tensors if t.module == "adapter_wte")
+    assert trained + prompt == retraced[index]["trainable"]
+    width = 4 if s.frozen_fp32_in_module else 2  # gradients in the parameters' dtype
+    grads = retraced[index]["marks"]["backward_end"].get("gradients", 0)
+    assert grads - trained * width < prompt * width // 2, "the prompt got a gradient: LitGPT no longer reuses the " \
+                                                          "validation's k/v cache"
+
+
+@pytest.mark.parametrize("knobs, profile, says", [
+    ({"tuning": "llama_adapter"}, "hf-trainer", "--profile litgpt"),
+    ({"tuning": "llama_adapter_v2", "lora_dropout": 0.1}, "litgpt", "no input dropout"),
+])
+def test_llama_adapter_outside_litgpt_or_with_lora_knobs_is_one_line(knobs, profile, says):
+    from memfit.errors import MemfitError
+    from memfit.facts.catalog import find_gpu, find_model
+    from memfit.facts.profiles import build_scenario
+    from memfit.facts.scenario import Hardware
+
+    with pytest.raises(MemfitError, match=re.escape(says)) as err:
+        build_scenario(find_model("meta-llama/Llama-3.2-1B"), Hardware(gpu=find_gpu("a100-80gb")), knobs, profile)
+    assert "\n" not in str(err.value)
+
+
+def test_llama_adapter_needs_a_layer_at_or_above_the_prompts_start():
+    from dataclasses import replace
+
+    from memfit.errors import MemfitError
+    from memfit.facts.catalog import find_gpu, find_model
+    from memfit.facts.profiles import build_scenario
+    from memfit.facts.scenario import Hardware
+
+    short = replace(find_model("meta-llama/Llama-3.2-1B"), num_layers=2)
+    with pytest.raises(MemfitError, match="none at or above"):
+        build_scenario(short, Hardware(gpu=find_gpu("a100-80gb")), {"tuning": "llama_adapter"}, "litgpt")
+    v2 = build_scenario(short, Hardware(gpu=find_gpu("a100-80gb")), {"tuning": "llama_adapter_v2"}, "litgpt")
+    assert v2.tuning == "llama_adapter_v2"  # v2 trains the norms and Linear scales of every layer
 
 
 @pytest.mark.parametrize("spec, says", [("notjson", "expecting value"),

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from memfit.errors import MemfitError  # noqa: E402
-from memfit.facts.adapters import adapter_methods, layer_facts  # noqa: E402
+from memfit.facts.adapters import layer_facts, peft_methods  # noqa: E402
 from memfit.facts.catalog import find_gpu, find_model  # noqa: E402
 from memfit.facts.profiles import build_scenario  # noqa: E402
 from memfit.facts.scenario import Hardware  # noqa: E402
@@ -42,7 +42,7 @@ def test_sizes_are_read_back_as_products_of_named_widths():
     assert peft_facts.monomial(1, s) == "1"
 
 
-@pytest.mark.parametrize("method", adapter_methods())
+@pytest.mark.parametrize("method", peft_methods())
 def test_trainable_parameters_equal_peft_on_the_built_model(method):
     from memfit.trace.build import build_model
 
@@ -64,7 +64,7 @@ FP32_ADAPTERS = dict(profile="peft-loop", attention="eager")  # bf16 weights, fp
 
 
 def _runs():
-    for method in adapter_methods():
+    for method in peft_methods():
         yield method, "bf16-ckpt", BF16_CKPT
         yield method, "autocast", AUTOCAST
         # LN tuning with fp32 norm copies and no autocast is refused (torch refuses the dtype mix)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from memfit.memory.inventory import ParamTensor
-from memfit.memory.own_code import head_casts
+from memfit.memory.own_code import head_casts, prompt_layers
 from memfit.memory.states.common import ModelStates, frozen_bytes, torch_optimizer, trainable_dtype_bytes
 
 # DDP allocates flat gradient buckets (gradient_as_bucket_view=False by default): a second copy of
@@ -39,8 +39,9 @@ def _frozen_casts(s, copies: list[ParamTensor]) -> int:
     checkpointed layer drops them with the rest of what it saved)."""
     layer_copies = sum(t.total * s.compute_bytes for t in copies if not t.trainable and t.per_layer)
     layers = max(s.model.num_layers, 1)
-    checkpointed = {"off": 0, "every_n": -(-layers // max(s.checkpoint_every_n, 1))}.get(s.checkpointing, layers)
-    return layer_copies * (layers - checkpointed) // layers
+    graded = prompt_layers(s) or layers  # LLaMA-Adapter: no gradient below the first prompt, so no copy kept there
+    checkpointed = {"off": 0, "every_n": -(-graded // max(s.checkpoint_every_n, 1))}.get(s.checkpointing, graded)
+    return layer_copies * (graded - checkpointed) // layers
 
 
 def states(s, tensors: list[ParamTensor]) -> ModelStates:
