@@ -184,3 +184,31 @@ def test_a_partly_downloaded_sharded_checkpoint_gives_no_count(hf_cache, tmp_pat
     next((tmp_path / "ckpt").glob("model-*.safetensors")).unlink()
     put_in_cache(hf_cache, "acme/tiny-ckpt", tmp_path / "ckpt")
     assert find_model("acme/tiny-ckpt").hub_param_count is None
+
+
+def test_an_unreachable_hub_is_one_line_without_the_librarys_retry_warnings(monkeypatch):
+    """huggingface_hub logs a warning per retry of an unreachable hub; memfit's one line says the outcome instead.
+    (The download is replaced by what the library does with no network: warn, then raise; this machine has none.)"""
+    import logging
+
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    def unreachable(*args, **kwargs):
+        logging.getLogger("huggingface_hub.utils._http").warning("'[Errno -2]' thrown while requesting HEAD")
+        raise LocalEntryNotFoundError("no connection")
+
+    import io
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", unreachable)
+    seen = io.StringIO()
+    http = logging.getLogger("huggingface_hub.utils._http")
+    handler = logging.StreamHandler(seen)
+    http.addHandler(handler)
+    try:
+        with pytest.raises(MemfitError, match="cannot reach the Hugging Face hub") as err:
+            hub.config_path("someone/unlisted-model", None)
+    finally:
+        http.removeHandler(handler)
+    assert "\n" not in str(err.value) and seen.getvalue() == ""
+    assert logging.getLogger("huggingface_hub").level != logging.ERROR  # the level is given back

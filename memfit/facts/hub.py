@@ -9,10 +9,12 @@ hub's API gave, so a count asked for once is not asked for again.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
 import struct
+from contextlib import contextmanager
 from pathlib import Path
 
 from memfit.errors import MemfitError
@@ -48,10 +50,24 @@ def repo_file(repo_id: str, filename: str, revision: str | None, instead: str) -
         import huggingface_hub
     except ImportError:
         raise HubError(f"install memfit[hub] to read it from the Hugging Face hub, or {instead}") from None
+    download = huggingface_hub.hf_hub_download  # imported lazily: the import sets the library's log level
     try:
-        return Path(huggingface_hub.hf_hub_download(repo_id, filename, revision=revision))
+        with _library_quiet():
+            return Path(download(repo_id, filename, revision=revision))
     except Exception as e:  # noqa: BLE001 - every failure of the library becomes one line naming the fix
         raise HubError(_explain(e, repo_id, revision, filename)) from None
+
+
+@contextmanager
+def _library_quiet():
+    """The library logs a warning per retry of an unreachable hub; memfit says the outcome in one line instead."""
+    logger = logging.getLogger("huggingface_hub")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _explain(e: Exception, repo_id: str, revision: str | None, filename: str = "config.json") -> str:
@@ -112,7 +128,9 @@ def _api_count(repo_id: str, commit: str) -> int | None:
     """The total the hub computed from the safetensors headers (its "Model size"), for that exact commit."""
     from huggingface_hub import HfApi
 
-    info = HfApi().model_info(repo_id, revision=commit, expand=["safetensors"])
+    api = HfApi()
+    with _library_quiet():
+        info = api.model_info(repo_id, revision=commit, expand=["safetensors"])
     return info.safetensors.total if info.safetensors else None
 
 

@@ -1,5 +1,5 @@
 """axolotl YAML: the knobs of each example as read by hand from the file and axolotl's code, one-line errors for
-bad files through the CLI, and a result that does not depend on key order."""
+bad files through the CLI, a result that does not depend on key order, and what `fit` writes reading back."""
 import shutil
 from pathlib import Path
 
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memfit.interfaces.cli.main import main
-from memfit.interfaces.formats import axolotl, detect_format, read_config
+from memfit.interfaces.formats import axolotl, detect_format, read_config, write_config_files
 
 HERE = Path(__file__).parent / "axolotl_examples"
 
@@ -97,12 +97,67 @@ def test_unknown_key_is_a_warning():
     assert any("my_note" in w and "axolotl 0.18.0" in w for w in got.warnings)
 
 
-def test_fit_refuses_writing(tmp_path, capsys):
+def test_fit_writes_the_yaml_and_the_deepspeed_file_it_names(tmp_path, capsys, monkeypatch):
+    """Full fine-tuning of an 8B on four RTX 4090s needs the optimizer on the host: the DeepSpeed file gets it, copied
+    into --out, and the YAML names the copy as HF Trainer opens it (from the working directory)."""
     shutil.copytree(HERE, tmp_path / "ax")
-    code = main(["fit", str(tmp_path / "ax" / "fft-8b-zero3.yaml"), "--model", "llama-3.1-8b", "--gpu", "rtx4090",
-                 "--gpus-per-node", "1"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "axolotl" in err[0], err
+    monkeypatch.chdir(tmp_path)
+    code = main(["fit", "ax/fft-8b-zero3.yaml", "--model", "llama-3.1-8b", "--gpu", "rtx4090", "--gpus-per-node", "4",
+                 "--out", "out"])
+    assert code == 0, capsys.readouterr().err
+    written = read_config(tmp_path / "out" / "fft-8b-zero3.yaml")
+    assert written.doc["deepspeed"] == "out/zero3_bf16.json"
+    assert written.knobs["offload_optimizer"] == "cpu"
+    original = EXPECTED["fft-8b-zero3.yaml"]
+    assert {k: written.knobs[k] for k in ("micro_batch", "grad_accum", "seq_len", "padding")} == \
+        {k: original[k] for k in ("micro_batch", "grad_accum", "seq_len", "padding")}
+
+
+# one change each, as the knob table's `says` column gives axolotl; each must read back as written
+WRITES = [
+    ("lora-1b.yml", {"tuning": "qlora"}), ("lora-1b.yml", {"tuning": "full"}),
+    ("fft-8b-zero3.yaml", {"tuning": "lora", "lora_rank": 32, "lora_alpha": 16}),
+    ("lora-1b.yml", {"lora_targets": ("all-linear",)}), ("lora-1b.yml", {"lora_targets": ("q_proj", "v_proj")}),
+    ("lora-1b.yml", {"attention": "sdpa"}), ("fft-8b-zero3.yaml", {"attention": "eager"}),
+    ("lora-1b.yml", {"checkpointing": "off"}), ("lora-1b.yml", {"checkpointing": "offload", "reentrant": False}),
+    ("lora-1b.yml", {"precision": "fp16-pure"}), ("lora-1b.yml", {"precision": "fp32"}),
+    ("lora-1b.yml", {"padding": "padded", "micro_batch": 4, "grad_accum": 1, "seq_len": 4096}),
+    ("lora-1b.yml", {"optimizer": "adamw-foreach", "dora": True}),
+    ("fft-8b-zero3.yaml", {"zero_stage": 2, "offload_optimizer": "cpu"}),
+    ("lora-1b.yml", {"engine": "deepspeed", "zero_stage": 3}),
+]
+
+
+@pytest.mark.parametrize("name, changes", WRITES, ids=[f"{n}-{'-'.join(c)}" for n, c in WRITES])
+def test_a_change_reads_back_as_written(name, changes, tmp_path, monkeypatch):
+    shutil.copytree(HERE, tmp_path / "ax")
+    monkeypatch.chdir(tmp_path / "ax")
+    imported = read_config(Path(name))
+    files = write_config_files(imported, {**imported.knobs, **changes}, folder=tmp_path / "out")
+    for f in files:
+        f.path.parent.mkdir(parents=True, exist_ok=True)
+        f.path.write_text(f.new_text)
+    again = read_config(Path(files[0].path).relative_to(tmp_path / "ax") if files[0].path.is_relative_to(
+        tmp_path / "ax") else files[0].path)
+    assert {k: again.knobs.get(k) for k in changes} == changes
+    untouched = {k: v for k, v in imported.knobs.items() if k not in changes and k in again.knobs}
+    assert all(again.knobs[k] == v for k, v in untouched.items() if k not in ("reentrant", "lora_alpha", "lora_rank",
+                                                                               "lora_targets", "lora_dropout"))
+
+
+@pytest.mark.parametrize("name, changes, says", [
+    ("qlora-fsdp-70b.yaml", {"micro_batch": 2}, "fsdp_config"),
+    ("lora-1b.yml", {"precision": "bf16-mixed"}, "loaded dtype"),
+    ("lora-1b.yml", {"checkpointing": "every_n"}, "true, false or offload"),
+    ("lora-1b.yml", {"tuning": "ia3"}, "LoRA or QLoRA"),
+])
+def test_what_axolotl_cannot_say_is_one_line(name, changes, says):
+    from memfit.errors import MemfitError
+
+    imported = read_config(HERE / name)
+    with pytest.raises(MemfitError, match=says) as err:
+        write_config_files(imported, {**imported.knobs, **changes})
+    assert "\n" not in str(err.value)
 
 
 @settings(max_examples=25, deadline=None)
@@ -114,3 +169,21 @@ def test_key_order_does_not_matter(name, rnd):
     text = yaml.safe_dump(dict(items), sort_keys=False)
     got = axolotl.read(text, path=HERE / name)  # where the original is: its deepspeed: path resolves the same
     assert got.knobs == EXPECTED[name]
+
+
+def test_a_fresh_file_reads_back_as_the_scenario(tmp_path, monkeypatch):
+    from memfit.facts.catalog import find_gpu, find_model
+    from memfit.facts.profiles import build_scenario
+    from memfit.facts.scenario import Hardware
+    from memfit.interfaces.formats import export_scenario, knobs_from_scenario
+
+    said = {"tuning": "qlora", "zero_stage": 3, "micro_batch": 2, "grad_accum": 4, "checkpointing": "full",
+            "attention": "flash", "seq_len": 2048, "lora_rank": 16, "padding": "packed"}
+    s = build_scenario(find_model("meta-llama/Llama-3.1-8B"), Hardware(gpu=find_gpu("rtx4090"), gpus_per_node=4),
+                       said, "hf-trainer")
+    monkeypatch.chdir(tmp_path)
+    main_file, ds_file = export_scenario(s, "axolotl")
+    Path(ds_file.path).write_text(ds_file.new_text)
+    got = read_config(main_file.new_text, format="axolotl", gpus=4)
+    expected = knobs_from_scenario(s)
+    assert {k: got.knobs.get(k) for k in said} == {k: expected[k] for k in said}

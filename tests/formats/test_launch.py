@@ -225,6 +225,43 @@ def test_variables_cd_comments_and_several_commands(tmp_path):
     assert (imported.knobs["micro_batch"], imported.knobs["seq_len"]) == (3, 1024)
 
 
+ARRAY_LAUNCH = """#!/bin/bash
+MODEL=Qwen/Qwen2.5-0.5B
+# training arguments, one per line
+ARGS=(
+  --model_name_or_path "$MODEL"   # the base
+  --per_device_train_batch_size 8
+  --gradient_accumulation_steps 1
+  --gradient_checkpointing True
+)
+ARGS+=(--max_length 2048)
+NAME=("run $MODEL")
+trl sft "${ARGS[@]}" --run_name "${NAME[0]}" --output_dir out
+"""
+
+
+def test_bash_arrays_expand_into_the_command(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text(ARRAY_LAUNCH)
+    k = read_config(script).knobs
+    assert (k["micro_batch"], k["grad_accum"], k["checkpointing"], k["seq_len"]) == (8, 1, "full", 2048)
+
+
+def test_fit_changes_a_flag_where_the_array_says_it(tmp_path):
+    from memfit.interfaces.formats import launch_write
+    from memfit.interfaces.formats.launch_sources import read_launch
+
+    script = tmp_path / "run.sh"
+    script.write_text(ARRAY_LAUNCH)
+    launch = read_launch([script], None)
+    files = launch_write.write(launch, {"micro_batch": 4, "grad_accum": 2, "seq_len": 1024})
+    new = files[0].new_text
+    assert "  --per_device_train_batch_size 4\n  --gradient_accumulation_steps 2\n" in new
+    assert "ARGS+=(--max_length 1024)" in new and new.endswith('--run_name "${NAME[0]}" --output_dir out\n')
+    again = launch_write.reread(launch, files, None).knobs
+    assert (again["micro_batch"], again["grad_accum"], again["seq_len"]) == (4, 2, 1024)
+
+
 @pytest.mark.parametrize("text, needle", [
     ("#!/bin/bash\necho nothing to train here\nls -l\n", "no training launch"),
     ("accelerate launch --config_file nope.yaml train.py --bf16\n", "nope.yaml: no such file"),

@@ -245,7 +245,7 @@ def test_fit_keeps_global_batch_packing_and_length_over_the_corpus(entry, hw, al
 # --- what the corpus found in the launch reader (formats/launch.py, launch_merge.py) --------------------------
 
 def _argv(text: str, cwd: Path = HERE) -> list:
-    from memfit.interfaces.formats.launch import commands_of
+    from memfit.interfaces.formats.launch_shell import commands_of
 
     return [(c.argv, c.cwd) for c in commands_of(text, "t.sh", cwd)]
 

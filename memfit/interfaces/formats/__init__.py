@@ -5,7 +5,7 @@
     print(diff(files))                                      # unified diff of every file that changed
 
 Formats: DeepSpeed JSON, LLaMA-Factory YAML (+ the DeepSpeed JSON it names), OpenRLHF command
-lines (all flag styles), accelerate config YAML, axolotl YAML (read only), HF TrainingArguments / TRL SFT and DPO configs
+lines (all flag styles), accelerate config YAML, axolotl YAML, HF TrainingArguments / TRL SFT and DPO configs
 (JSON or YAML). Writers change only what changed, keep comments and key order, re-read their own
 output, and refuse (MemfitError) a knob the format cannot say. `validate.py` checks written files
 with the frameworks' own code. The core needs only PyYAML.
@@ -166,7 +166,7 @@ def diff(files: list[WrittenFile]) -> str:
 # --- from a Scenario -----------------------------------------------------------------------------------
 
 # Formats that may name a DeepSpeed file for the engine's settings: the knobs a DeepSpeed JSON says go there.
-COMPANIONS = {"llamafactory": "deepspeed", "hf": "deepspeed", "accelerate": "deepspeed"}
+COMPANIONS = {"llamafactory": "deepspeed", "hf": "deepspeed", "accelerate": "deepspeed", "axolotl": "deepspeed"}
 
 
 def exportable(format: str) -> frozenset[str]:
@@ -181,8 +181,6 @@ def sayable(imported: ImportedConfig) -> frozenset[str]:
     and the rest (buckets) is what HF's "auto" gives."""
     if imported.format == "launch":
         raise launch.not_written(imported)
-    if imported.format == "axolotl":
-        raise axolotl.not_written(imported)
     if imported.format == "accelerate" and "deepspeed" not in imported.companions:
         return said_by("accelerate")
     return exportable(imported.format)
@@ -201,21 +199,19 @@ def knobs_from_scenario(scenario) -> dict:
 def export_scenario(scenario, format: str, *, model_name: str | None = None, **options) -> list[WrittenFile]:
     """Fresh file(s) in `format` that say `scenario`'s knobs (only what that format states; what it
     leaves to the framework's defaults is not written). LLaMA-Factory with DeepSpeed gives two files."""
-    if format == "axolotl":
-        raise MemfitError("memfit does not write axolotl YAML yet (it reads it: `memfit estimate --from`)")
     said = exportable(format) if format in MODULES else frozenset()
     knobs_ = {k: v for k, v in knobs_from_scenario(scenario).items() if k in said}
     model = model_name or scenario.model.id
     world = scenario.hardware.world_size
     if format == "deepspeed":
         return [WrittenFile(None, None, deepspeed.export_config(scenario, hf_auto=options.get("hf_auto", True)))]
-    if format == "llamafactory":
+    if format in ("llamafactory", "axolotl"):  # a YAML that names its DeepSpeed JSON
         files = []
         ds_name = None
         if scenario.engine == "deepspeed":
             ds_name = f"ds_z{scenario.zero_stage}_config.json"
             files.append(WrittenFile(Path(ds_name), None, deepspeed.export_config(scenario)))
-        main = llamafactory.export(knobs_, model, deepspeed_path=ds_name)
+        main = MODULES[format].export(knobs_, model, deepspeed_path=ds_name)
         return [WrittenFile(None, None, main)] + files
     if format == "openrlhf":
         return [WrittenFile(None, None, openrlhf.export(knobs_, model, gpus=world, **options))]

@@ -1,8 +1,7 @@
 """A launch: a shell script or one command line, followed to the files and flags that describe the run.
 
-The script is read as the shell would, to the extent a launch needs: `\\` continuations, comments, quotes (shlex),
-`VAR=...` / `export VAR=...` with $VAR / ${VAR} / ${VAR:-default} of variables set earlier (others stay as typed),
-`cd DIR`, redirections, `;` `&&` `|` between commands. Of its commands the training launch is followed:
+The script is read as the shell would, to the extent a launch needs (launch_shell.py: continuations, quotes,
+variables, bash arrays, `cd`, redirections, `;` `&&` `|`). Of its commands the training launch is followed:
 `llamafactory-cli train X.yaml [key=value ...]`, `accelerate launch [flags] SCRIPT|-m MODULE ...`,
 `deepspeed [flags] SCRIPT ...`, `torchrun [flags] SCRIPT ...`, `trl sft|dpo ...`, `python SCRIPT|-m MODULE ...`;
 OpenRLHF's `openrlhf.cli.train_*` commands go to the OpenRLHF reader. The launcher's flags give the GPU count and
@@ -13,23 +12,16 @@ its `cd` lines (a launch given as text: the current folder). The files are merge
 from __future__ import annotations
 
 import re
-import shlex
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from memfit.interfaces.formats.base import ImportedConfig, WrittenFile, bad, read_text
 from memfit.interfaces.formats.launch_merge import merge
+from memfit.interfaces.formats.launch_shell import Command, commands_of
 from memfit.interfaces.formats.launch_script import accelerate_part, llamafactory_part, script_parts
 
 FORMAT = "launch"
 MAX_CHARS = 100_000
-_VAR = re.compile(r"\$(?:\{(\w+)(?:(:?[-=])([^}]*))?\}|(\w+))")
-_REDIRECT = re.compile(r"(?<![^\s])\d*(?:>>?|<|&>)(?:&\d+|\s*[^\s;&|<>]+)")
-WRAPPERS = ("nohup", "time", "exec", "env", "stdbuf")
-KEYWORDS = ("then", "do", "else", "elif", "{", "!")
 PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
-_POSITIONAL = re.compile(r"\$(\d|\{\d+\})")  # an argument of the script ($1, ${2})
-_SCRIPT_DIR = re.compile(r"^\$\(dirname [^)]*\)/+([^$]*)$")  # `$(dirname "$0")/..`: the relative tail
 # launcher flags that take no value (the rest take one): from accelerate 1.15's launch_command_parser, torch 2.13's
 # torch.distributed.run parser and DeepSpeed 0.19's launcher/runner.py (tests/formats/test_launch.py checks them)
 ACCELERATE_BOOL = frozenset("cpu debug downcast_bf16 dynamo_use_dynamic dynamo_use_fullgraph "
@@ -44,163 +36,6 @@ TORCHRUN_ALIAS = {"r": "redirects", "t": "tee"}
 TORCH_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 FOLLOWS = ("llamafactory-cli train, accelerate launch, deepspeed, torchrun, trl sft|dpo, python SCRIPT|-m MODULE, "
            "OpenRLHF's openrlhf.cli.train_*")
-
-
-@dataclass
-class Command:
-    line: int
-    argv: list[str]
-    env: dict = field(default_factory=dict)
-    cwd: Path = Path(".")
-
-
-# --- the shell, as far as a launch needs it ----------------------------------------------------------------
-
-def logical_lines(text: str, where: str):
-    """(first line number, text) of each command line: continuations joined, quotes that span lines kept whole."""
-    lines = text.replace("\r\n", "\n").split("\n")
-    i = 0
-    while i < len(lines):
-        start, parts, quote = i + 1, [], None
-        while i < len(lines):
-            line = lines[i]
-            i += 1
-            quote = _open_quote(line, quote)
-            tail = len(line) - len(line.rstrip("\\"))
-            if quote is None and tail % 2:  # a `\` continuation
-                parts.append(line[:-1] + " ")
-                continue
-            if quote == '"' and tail % 2:  # inside "...", bash drops `\`+newline (Qwen's DISTRIBUTED_ARGS="...")
-                parts.append(line[:-1])
-                continue
-            parts.append(line + ("\n" if quote else ""))
-            if quote is None:
-                break
-        if quote is not None:
-            raise bad(where, None, f"line {start}: no closing quotation (an unterminated {quote} quote)")
-        yield start, "".join(parts)
-
-
-def _open_quote(line: str, quote: str | None) -> str | None:
-    """The quote still open at the end of `line`, starting inside `quote` (one pass: a script of many lines with an
-    unbalanced quote stays linear)."""
-    i = 0
-    while i < len(line):
-        c = line[i]
-        if quote == "'":
-            quote = None if c == "'" else quote
-        elif c == "\\":
-            i += 1
-        elif quote == '"':
-            quote = None if c == '"' else quote
-        elif c in "'\"":
-            quote = c
-        elif c == "#" and (i == 0 or line[i - 1] in " \t;&|"):
-            break
-        i += 1
-    return quote
-
-
-def substitute(text: str, variables: dict) -> str:
-    """$VAR, ${VAR} and ${VAR:-default} of the variables set so far, outside single quotes; others stay as typed."""
-    if "$" not in text:
-        return text
-    out, i, double = [], 0, False
-    while i < len(text):
-        c = text[i]
-        if c == "\\":
-            out.append(text[i:i + 2])
-            i += 2
-            continue
-        if c == "'" and not double:
-            end = text.find("'", i + 1)
-            end = len(text) - 1 if end < 0 else end
-            out.append(text[i:end + 1])
-            i = end + 1
-            continue
-        m = _VAR.match(text, i) if c == "$" else None
-        if m:
-            name = m.group(1) or m.group(4)
-            value = variables.get(name, m.group(3) if m.group(2) is not None else None)
-            escape = '"\\$`' if double else "'\"\\"
-            out.append(m.group(0) if value is None else "".join("\\" + x if x in escape else x for x in value))
-            i = m.end()
-            continue
-        double = not double if c == '"' else double
-        out.append(c)
-        i += 1
-    return "".join(out)
-
-
-def _words(line: str, where: str, number: int) -> list[str]:
-    lexer = shlex.shlex(_REDIRECT.sub(" ", line), posix=True, punctuation_chars=";&|")
-    lexer.whitespace_split, lexer.commenters = True, "#"
-    try:
-        return list(lexer)
-    except ValueError as e:
-        raise bad(where, None, f"line {number}: {str(e).lower()}") from None
-
-
-def _assignment(word: str) -> tuple[str, str] | None:
-    name, eq, value = word.partition("=")
-    return (name, value) if eq and re.fullmatch(r"[A-Za-z_]\w*", name) else None
-
-
-def commands_of(text: str, where: str, cwd: Path) -> list[Command]:
-    """Every simple command of the script with the variables and folder it runs with."""
-    variables: dict = {}
-    out = []
-    for number, line in logical_lines(text, where):
-        words = _words(substitute(line, variables), where, number)
-        for segment in _segments(words):
-            while segment and segment[0] in KEYWORDS:  # `then X=1`: the body of an if / for, read in order
-                segment.pop(0)
-            env = {}
-            while segment and _assignment(segment[0]):
-                env.update([_assignment(segment.pop(0))])
-            while segment and segment[0] in WRAPPERS:  # nohup / env X=1 / stdbuf -oL: the command after them
-                segment.pop(0)
-                while segment and (_assignment(segment[0]) or segment[0].startswith("-")):
-                    pair = _assignment(segment.pop(0))
-                    env.update([pair] if pair else [])
-            if not segment:  # `MODEL=$1` in an option loop: the script read as run without arguments keeps MODEL
-                variables.update((k, v) for k, v in env.items() if not (k in variables and _POSITIONAL.fullmatch(v)))
-            elif segment[0] == "export":
-                variables.update(a for a in map(_assignment, segment[1:]) if a)
-            elif segment[0] == "cd":
-                cwd = _cd(cwd, segment[1:], where)
-            else:
-                out.append(Command(number, segment, {**variables, **env}, cwd))
-    return out
-
-
-def _segments(words: list[str]):
-    segment: list[str] = []
-    for w in words:
-        if w and set(w) <= set(";&|"):
-            yield segment
-            segment = []
-        else:
-            segment.append(w)
-    yield segment
-
-
-def _cd(cwd: Path, args: list[str], where: str) -> Path:
-    if not args or args[0] in ("-", "~"):
-        return cwd
-    if "dirname" in args[0] or "BASH_SOURCE" in args[0] or "$0" in args[0]:
-        # cd "$(dirname "$0")": the script's folder, where paths already resolve from; "$(dirname "$0")/..": the
-        # folder above it (Qwen's finetune/*.sh run from the repository root)
-        tail = _SCRIPT_DIR.match(args[0])
-        return (cwd / tail.group(1)).resolve() if tail and tail.group(1) else cwd
-    if "$" in args[0]:
-        raise bad(where, None, f"cd {args[0]}: the script does not set that variable, so memfit cannot tell the "
-                  "folder the launch runs in")
-    folder = cwd / Path(args[0]).expanduser()
-    try:
-        return folder.resolve()
-    except (OSError, ValueError):
-        return folder
 
 
 # --- which command is the training launch -------------------------------------------------------------------

@@ -116,15 +116,16 @@ def _once(sources: list[Source]) -> list[Source]:
 
 def _script_sources(path: Path, text: str, gpus) -> tuple[Script, list[Source]]:
     from memfit.interfaces.formats import launch as L
+    from memfit.interfaces.formats import launch_shell as S
 
     cwd = path.resolve().parent
-    cmd = L.pick(L.commands_of(text, str(path), cwd), str(path))
+    cmd = L.pick(S.commands_of(text, str(path), cwd), str(path))
     kind = L.kind_of(cmd.argv)
     argv = cmd.argv
     if L.PYTHON.match(Path(argv[0]).name) and kind in ("torchrun", "accelerate"):
         argv = ["torchrun" if kind == "torchrun" else "accelerate"] + (["launch"] if kind == "accelerate" else []) \
             + argv[L._python_target(argv)[1]:]
-    later = [start for start, _ in L.logical_lines(text, str(path)) if start > cmd.line]
+    later = [start for start, _ in S.logical_lines(text, str(path)) if start > cmd.line]
     last = later[0] - 1 if later else len(text.split("\n"))
     label = f"{path} line {cmd.line}"
     if kind == "llamafactory":

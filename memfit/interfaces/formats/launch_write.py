@@ -182,13 +182,16 @@ def _word_edit(src: Source, path: tuple, flag: str, value) -> tuple[int, int, st
     if flag.startswith("!") or value is _GONE or (isinstance(value, (list, dict)) and src.style == "--"):
         raise MemfitError(f"{script.path.name}: {'--' if src.style == '--' else ''}{flag.lstrip('!')}: memfit would "
                           f"have to {'drop' if value is _GONE else 'rewrite'} this switch; change it by hand")
-    start, end = region(script, src.where)
     name = re.escape(flag).replace("_", "[-_]")
     if src.style == "=":
         pattern = rf"(?<![\w.-]){name}=(?P<value>{_VALUE})?"
     else:
         pattern = rf"(?<![\w-])--{name}(?:=(?P<eq>{_VALUE})?|(?P<gap>[ \t]+(?:\\\n[ \t]*)*)(?P<value>{_VALUE}))?"
-    found = list(re.finditer(pattern, script.text[start:end]))
+    found, start = [], 0
+    for start, end in [region(script, src.where), *_array_regions(script, src.where)]:
+        found = list(re.finditer(pattern, script.text[start:end]))
+        if found:
+            break
     if not found:
         raise MemfitError(f"{script.path.name}: cannot find {flag} on the launch line to change it; change it by hand")
     m = found[-1]
@@ -204,6 +207,38 @@ def _word_edit(src: Source, path: tuple, flag: str, value) -> tuple[int, int, st
         at = start + m.start() + len(m.group(0).split()[0] if src.style == "--" else m.group(0))
         return at, at, f" {word}" if src.style == "--" else word
     return start + m.start(group), start + m.end(group), word
+
+
+def _array_regions(script, where: str) -> list[tuple[int, int]]:
+    """The bodies of the bash arrays the launch command expands ("${ARGS[@]}"): the last `ARGS=(` before the command
+    and the `ARGS+=(` after it, latest first (a flag is changed where its last saying is)."""
+    start, end = region(script, where)
+    before = script.text[:start]
+    out = []
+    for name in dict.fromkeys(re.findall(r"\$\{(\w+)\[[@*]\]\}", script.text[start:end])):
+        sets = list(re.finditer(rf"(?m)^[ \t]*(?:export[ \t]+|declare[ \t]+-a[ \t]+|local[ \t]+)?{name}(\+?)=\(", before))
+        fresh = max((i for i, m in enumerate(sets) if not m.group(1)), default=0)
+        out += [(m.end(), _array_close(before, m.end())) for m in reversed(sets[fresh:])]
+    return out
+
+
+def _array_close(text: str, i: int) -> int:
+    """The offset of the `)` that closes an array body starting at `i` (quotes and comments skipped)."""
+    quote = None
+    while i < len(text):
+        c = text[i]
+        if quote:
+            quote = None if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c == "#" and text[i - 1] in " \t\n(":
+            i = text.find("\n", i)
+            if i < 0:
+                return len(text)
+        elif c == ")":
+            return i
+        i += 1
+    return len(text)
 
 
 def _word(value, style: str) -> str:

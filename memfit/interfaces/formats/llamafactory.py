@@ -13,8 +13,9 @@ from pathlib import Path
 
 from memfit.interfaces.formats import deepspeed as ds
 from memfit.interfaces.formats import jsontext, yamltext
+from memfit.interfaces.formats.ds_companion import deepspeed_files, engine_free
 from memfit.interfaces.formats.base import (HF_OPTIM_NAME, ImportedConfig, WrittenFile, as_bool, as_choice, as_float, as_int,
-                                 as_str, bad, cannot, changed_knobs, companion_target, doc_copy, launch_path,
+                                 as_str, bad, cannot, changed_knobs, doc_copy,
                                  lora_targets, optimizer_from_hf, read_text, same, unknown_key, verify_written)
 from memfit.interfaces.formats.llamafactory_v1 import is_v1, read_v1
 from memfit.interfaces.formats.not_modelled import named
@@ -322,18 +323,6 @@ def _padding(doc: dict, value, imported: ImportedConfig) -> None:
         doc["packing"] = packed
 
 
-def _wants_deepspeed(imported: ImportedConfig, changes: dict) -> bool:
-    engine = changes.get("engine", imported.knobs.get("engine"))
-    if "engine" in changes:
-        return engine == "deepspeed" or (engine is None and any(changes.get(k) is not None for k in ds.KNOBS))
-    return engine == "deepspeed" or any(changes.get(k) is not None for k in ("zero_stage",))
-
-
-def _new_ds_name(knobs: dict) -> str:
-    offload = knobs.get("offload_optimizer", "none") != "none" or knobs.get("offload_param", "none") != "none"
-    return f"ds_z{knobs.get('zero_stage', 0)}{'_offload' if offload else ''}_config.json"
-
-
 def write_files(imported: ImportedConfig, knobs: dict, folder: Path | None = None) -> list[WrittenFile]:
     """The YAML, and the DeepSpeed JSON when an engine knob changed: edited (into `folder` when given), or a new
     file in `folder` (default: beside the YAML) when there was none. `deepspeed:` names a new or moved file as
@@ -346,39 +335,10 @@ def write_files(imported: ImportedConfig, knobs: dict, folder: Path | None = Non
         raise cannot(imported, "engine", "fsdp", "LLaMA-Factory runs FSDP through an accelerate config; "
                      "write one with memfit's accelerate exporter")
     doc = apply(imported.doc, changes, imported)
-    out: list[WrittenFile] = []
-    ds_changes = {k: v for k, v in changes.items() if k in ds.KNOBS}
-    had = imported.companions.get("deepspeed")
-    files = {}
-    if _wants_deepspeed(imported, changes):
-        if had is not None:
-            ds_text = ds.write(had, {**had.knobs, **ds_changes}) if ds_changes else had.text
-            target, reference = companion_target(had, ds_text, folder)
-            if reference is not None:
-                doc["deepspeed"] = reference
-            if ds_text != had.text:
-                out.append(WrittenFile(target, had.text, ds_text))
-            files[target] = ds_text
-        else:
-            wanted = {**{k: v for k, v in imported.knobs.items() if k in ds.KNOBS}, **ds_changes}
-            name = _new_ds_name(wanted)
-            folder = Path(folder) if folder else imported.path.parent if imported.path else Path.cwd()
-            ds_text = ds.export(wanted)
-            out.append(WrittenFile(folder / name, None, ds_text))
-            files[folder / name] = ds_text
-            doc["deepspeed"] = launch_path(folder / name)
-    else:
-        doc.pop("deepspeed", None)
-        leftover = {k: v for k, v in ds_changes.items() if v is not None}
-        if leftover:
-            knob = sorted(leftover)[0]
-            raise cannot(imported, knob, leftover[knob], "it is a DeepSpeed setting and the run has no DeepSpeed")
+    out, files = deepspeed_files(imported, changes, doc, folder)
     text = yamltext.edit(imported.text, imported.doc, doc, imported.name, anchors=ANCHORS)
     again = read(text, gpus=imported.world.get("num_gpus"), files=files, path=imported.path)
-    wanted = dict(changes)
-    if not _wants_deepspeed(imported, changes):
-        wanted = {k: v for k, v in wanted.items() if k not in ds.KNOBS and k != "engine"}
-    verify_written(imported, again, wanted)
+    verify_written(imported, again, engine_free(imported, changes))
     return [WrittenFile(imported.path, imported.text, text)] + out
 
 
