@@ -29,12 +29,14 @@ class GridRow:
     padding: str | None = None  # None = the hf-trainer default (padded)
     method: str = "sft"  # dpo: OpenRLHF's DPO step (policy + reference, chosen + rejected rows)
     trainable_tokens: int = 0  # PEFT trainable tokens: embedding rows that train (alone, or beside LoRA)
+    quant_bits: int = 4  # qlora: the bitsandbytes base, 4-bit NF4 or 8-bit LLM.int8
 
     @property
     def id(self) -> str:
         tuning = f"{self.tuning}{self.lora_rank}" if self.ranked else self.tuning
         if self.trainable_tokens:  # the rows that train: trainable_tokens64, lora16-tokens64
             tuning += f"{'' if self.tuning == 'trainable_tokens' else '-tokens'}{self.trainable_tokens}"
+        tuning += "-int8" if self.quant_bits == 8 else ""
         ckpt = "ckpt" if self.checkpointing != "off" else "nockpt"
         opt = self.optimizer.removeprefix("adamw-")
         pad = f"/{self.padding}" if self.padding else ""
@@ -60,6 +62,8 @@ class GridRow:
             knobs["method"] = self.method
         if self.trainable_tokens:
             knobs["trainable_tokens"] = self.trainable_tokens
+        if self.quant_bits != 4:
+            knobs["quant_bits"] = self.quant_bits
         return knobs
 
     def scenario(self) -> Scenario:
@@ -197,8 +201,15 @@ def peft_grid() -> list[GridRow]:
                    for label, name, ckpt, attn, shape in PEFT_RUNS[:2]]
 
 
+def quantized_grid() -> list[GridRow]:
+    """LoRA over a bitsandbytes base, 4-bit NF4 and 8-bit LLM.int8 (trace/quant.py's stand-ins): the PEFT group's
+    runs, bf16 mixed (HF Trainer's bf16 over a bf16 load, PEFT's k-bit upcast)."""
+    return [_row(label, name, "qlora", ckpt, attn, shape, quant_bits=bits, precision="bf16-mixed")
+            for bits in (4, 8) for label, name, ckpt, attn, shape in PEFT_RUNS]
+
+
 def all_rows() -> list[GridRow]:
-    return grid() + moe_grid() + dpo_grid() + peft_grid()
+    return grid() + moe_grid() + dpo_grid() + peft_grid() + quantized_grid()
 
 
 def is_moe(row: GridRow) -> bool:
@@ -206,7 +217,8 @@ def is_moe(row: GridRow) -> bool:
     return spec.is_moe
 
 
-GROUPS = {"dpo": lambda r: r.method != "sft", "moe": is_moe, "peft": lambda r: r.tuning in PEFT_METHODS or r.trainable_tokens > 0}  # group summaries printed beside the SFT grid's
+GROUPS = {"dpo": lambda r: r.method != "sft", "moe": is_moe, "peft": lambda r: r.tuning in PEFT_METHODS or r.trainable_tokens > 0,
+          "qlora": lambda r: r.tuning == "qlora"}  # group summaries printed beside the SFT grid's
 
 
 def quick_grid() -> list[GridRow]:

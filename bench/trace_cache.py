@@ -89,6 +89,8 @@ def fingerprint(scenario: Scenario) -> str:
     doc = {name: _plain(getattr(scenario, name)) for name in TRACE_INPUTS if _acts(scenario, name)}
     if scenario.trainable_tokens:  # only when set: the traces cached before the knob keep their keys
         doc["trainable_tokens"] = scenario.trainable_tokens
+    if scenario.tuning == "qlora" and scenario.quant_bits != 4:  # the same: an 8-bit base only
+        doc["quant_bits"] = scenario.quant_bits
     if several_models(scenario.method):
         fw = framework_facts(scenario.profile)
         doc |= {name: _plain(getattr(scenario, name)) for name in DPO_TRACE_INPUTS}

@@ -125,7 +125,8 @@ def test_a_zero_stage_and_an_fsdp_strategy_are_refused_from_a_file_too():
 NOT_MET = {"deepspeed": {"fsdp_strategy": "full_shard"}, "fsdp": {"zero_stage": 2}, "adapters": {"tuning": "full"},
            "qlora": {"tuning": "lora"}, "freeze": {"tuning": "full"}, "virtual_tokens": {"tuning": "lora"},
            "every_n": {"checkpointing": "full"}, "several": {"method": "sft"}, "offload": {"zero_stage": 2},
-           "zero3": {"zero_stage": 2}, "ranked": {"tuning": "oft"}, "plain_mixed": {"precision": "bf16-pure"}}
+           "zero3": {"zero_stage": 2}, "ranked": {"tuning": "oft"}, "plain_mixed": {"precision": "bf16-pure"},
+           "nf4": {"tuning": "qlora", "quant_bits": 8}}
 
 
 def _set_value(k):

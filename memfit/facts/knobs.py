@@ -127,6 +127,7 @@ def knob(name: str) -> Knob:
 CONDITIONS = {
     "deepspeed": lambda s: s.engine == "deepspeed", "fsdp": lambda s: s.engine == "fsdp",
     "adapters": lambda s: s.uses_adapters, "qlora": lambda s: s.tuning == "qlora",
+    "nf4": lambda s: s.tuning == "qlora" and s.quant_bits == 4,
     "freeze": lambda s: s.tuning == "freeze", "every_n": lambda s: s.checkpointing == "every_n",
     "virtual_tokens": lambda s: s.virtual_tokens_in_use > 0, "several": lambda s: several_models(s.method),
     "offload": lambda s: s.offload_optimizer != "none" or s.offload_param != "none",

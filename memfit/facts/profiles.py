@@ -125,6 +125,9 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
     _attention_kernel(values, model, "attention" in typed, "attention" in given, assumed)
     model = _own_model_code(fw, model, hardware, values, given, assumed)
     _prompt_adapter(fw, model, values.get("tuning"), assumed)
+    if values.get("tuning") == "qlora" and values.get("quant_bits") == 8:
+        assumed.append("8-bit base: each Linear keeps 1% of its input columns as LLM.int8 outliers (fp16; "
+                       "data-dependent, memory/int8_base.py)")
     engine = _engine(given, fw.defaults, hardware, assumed, profile_name)
     values["engine"] = engine
     values |= _engine_values(engine, given, fw, model)

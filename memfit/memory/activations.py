@@ -17,6 +17,7 @@ from memfit.facts.loss_tail import loss_tail, transformers_release
 from memfit.facts.recompute import Recompute
 from memfit.memory.own_code import (code_logits, fused_qkv, fused_qkv_rest, prompt_layer_extra, prompt_layers,
                                     scaled_head)
+from memfit.memory.int8_base import outlier_bytes
 from memfit.memory.inventory import ParamTensor, feedforward, prompt_adapter
 from memfit.memory.unsloth_loss import loss_terms as unsloth_loss_terms
 from memfit.memory.unsloth_offload import unsloth_offload
@@ -198,8 +199,8 @@ def _group_inputs(s: Scenario, b: int, rb: int, adapters: list[ParamTensor]) -> 
     peft = _peft_widths(s, adapters)
     ab = s.adapter_bytes
     trainable_base = s.tuning in ("full", "freeze")
-    # old bitsandbytes MatMul4Bit kept its input A on ctx for every 4-bit Linear, frozen or not
-    saves_input = trainable_base or (s.tuning == "qlora" and s.bnb_saves_input)
+    # old bitsandbytes MatMul4Bit, and MatMul8bitLt, keep the input A on ctx for every quantized Linear (int8_base.py)
+    saves_input = trainable_base or (s.tuning == "qlora" and (s.bnb_saves_input or s.quant_bits == 8))
     autocast = s.runs_autocast
     nb = norm_output_bytes(s, rb)
     db = 4 if activation_fp32_output(m.hidden_act, autocast) else b
@@ -306,6 +307,7 @@ def _layer_per_token(s: Scenario, b: int, rb: int, adapters) -> int:
         scaled = (4 if m.norm_fp32_scale else b) if s.tuning in ("full", "freeze", "ln_tuning") else 0
         attn += (4 + scaled) * (m.num_heads + m.num_kv_heads) * m.head_dim
     own = fused_qkv(s, b, _adapted(s, adapters)) + prompt_layer_extra(s, b, attn, norm)  # LitGPT's own model code
+    own += outlier_bytes(s)  # an 8-bit base's outlier columns
     return norm * m.norms_per_layer + attn + norm_fed + others + mlp + own
 
 

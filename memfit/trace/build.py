@@ -402,7 +402,7 @@ def build_model(scenario: Scenario, device: str | torch.device = "meta", fake_mo
     if scenario.tuning == "qlora":
         from memfit.trace.quant import quantize_linears
 
-        notes.append(quantize_linears(model, hf_model, frozen))
+        notes.append(quantize_linears(model, hf_model, frozen, scenario.quant_bits))
         if scenario.kbit_upcast:
             upcast_non_quantized(model)
             notes.append("prepare_model_for_kbit_training: every non-4-bit parameter upcast to fp32")

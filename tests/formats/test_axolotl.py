@@ -108,9 +108,9 @@ def test_fit_writes_the_yaml_and_the_deepspeed_file_it_names(tmp_path, capsys, m
     written = read_config(tmp_path / "out" / "fft-8b-zero3.yaml")
     assert written.doc["deepspeed"] == "out/zero3_bf16.json"
     assert written.knobs["offload_optimizer"] == "cpu"
-    original = EXPECTED["fft-8b-zero3.yaml"]
-    assert {k: written.knobs[k] for k in ("micro_batch", "grad_accum", "seq_len", "padding")} == \
-        {k: original[k] for k in ("micro_batch", "grad_accum", "seq_len", "padding")}
+    original, k = EXPECTED["fft-8b-zero3.yaml"], written.knobs
+    assert k["micro_batch"] * k["grad_accum"] == original["micro_batch"] * original["grad_accum"]  # the global batch
+    assert (k["seq_len"], k["padding"]) == (original["seq_len"], original["padding"])
 
 
 # one change each, as the knob table's `says` column gives axolotl; each must read back as written
@@ -125,6 +125,8 @@ WRITES = [
     ("lora-1b.yml", {"optimizer": "adamw-foreach", "dora": True}),
     ("fft-8b-zero3.yaml", {"zero_stage": 2, "offload_optimizer": "cpu"}),
     ("lora-1b.yml", {"engine": "deepspeed", "zero_stage": 3}),
+    ("lora-1b.yml", {"loss": "liger"}),
+    ("lora-1b.yml", {"tuning": "qlora", "quant_bits": 8}), ("fft-8b-zero3.yaml", {"tuning": "qlora"}),
 ]
 
 

@@ -231,7 +231,9 @@ def test_neat_packing_outside_sft(tmp_path):
 
 
 def test_unmodelled_quantization(tmp_path):
-    assert "quantization_bit" in error_of(write(tmp_path, "train.yaml", LF_YAML + "quantization_bit: 8\n"))
+    assert "quantization_bit" in error_of(write(tmp_path, "train.yaml", LF_YAML + "quantization_bit: 2\n"))
+    hqq = LF_YAML + "quantization_bit: 4\nquantization_method: hqq\n"
+    assert "quantization_bit" in error_of(write(tmp_path, "hqq.yaml", hqq))
 
 
 # --- files that are not what they seem ----------------------------------------------------------------

@@ -67,7 +67,7 @@ def test_changed_knobs_read_back_and_restore(examples, name):
 
 # knobs that follow others (OpenRLHF: overlap_comm follows the ZeRO stage unless forced, the
 # accumulation follows the global batch; LoRA settings vanish with full tuning; ...)
-DERIVED = {"overlap_comm", "grad_accum", "lora_alpha", "offload_param", "pin_memory", "zero3_init", "double_quant",
+DERIVED = {"overlap_comm", "grad_accum", "lora_alpha", "offload_param", "pin_memory", "zero3_init", "double_quant", "quant_bits",
            "lora_rank", "lora_targets", "lora_dropout", "dora"}
 
 

@@ -20,12 +20,13 @@ from pathlib import Path
 from memfit.errors import MemfitError
 from memfit.facts.engines.deepspeed import overlap
 from memfit.facts.knobs import acts, knobs, said_by
-from memfit.interfaces.formats import accelerate, axolotl, deepspeed, hf, launch, llamafactory, openrlhf, yamltext
+from memfit.interfaces.formats import accelerate, deepspeed, hf, launch, llamafactory, openrlhf, yamltext
+from memfit.interfaces.formats import axolotl_write
 from memfit.interfaces.formats import llamafactory_v1
 from memfit.interfaces.formats.base import ImportedConfig, WrittenFile, read_text
 
 MODULES = {"deepspeed": deepspeed, "llamafactory": llamafactory, "openrlhf": openrlhf, "accelerate": accelerate,
-           "hf": hf, "launch": launch, "axolotl": axolotl}
+           "hf": hf, "launch": launch, "axolotl": axolotl_write}  # axolotl_write: axolotl's reader and writers
 FORMATS = tuple(MODULES)
 
 __all__ = ["FORMATS", "ImportedConfig", "WrittenFile", "detect_format", "diff", "export_scenario", "exportable",

@@ -126,11 +126,16 @@ def knobs_of(doc: dict, variant: str, where: str, assumed: list[str]) -> dict:
 def _peft(doc: dict, variant: str, where: str, k: dict, assumed: list[str]) -> None:
     g = lambda key: get(doc, variant, key)  # noqa: E731
     if not g("use_peft"):
-        if g("load_in_4bit"):
-            raise bad(where, "load_in_4bit", "4-bit loading trains only with use_peft: true")
+        for key in ("load_in_4bit", "load_in_8bit"):
+            if g(key):
+                raise bad(where, key, f"{key[8:]} loading trains only with use_peft: true")
         k["tuning"] = "full"
         return
-    k["tuning"] = "qlora" if g("load_in_4bit") else "lora"
+    if g("load_in_4bit") and g("load_in_8bit"):
+        raise bad(where, "load_in_8bit", "load_in_4bit and load_in_8bit are both true; choose one")
+    k["tuning"] = "qlora" if g("load_in_4bit") or g("load_in_8bit") else "lora"
+    if g("load_in_8bit"):
+        k["quant_bits"] = 8
     k["lora_rank"] = as_int(where, "lora_r", g("lora_r"), minimum=1)
     k["lora_alpha"] = as_int(where, "lora_alpha", g("lora_alpha"))
     k["lora_dropout"] = as_float(where, "lora_dropout", g("lora_dropout"))
@@ -265,7 +270,8 @@ def apply(doc: dict, changes: dict, imported: ImportedConfig) -> dict:
                 doc["model_init_kwargs"] = dict(doc["model_init_kwargs"], attn_implementation=name)
             else:
                 raise cannot(imported, knob, value, "TrainingArguments does not load the model")
-        elif knob in ("tuning", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "dora", "double_quant"):
+        elif knob in ("tuning", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "dora", "double_quant",
+                      "quant_bits"):
             _peft_apply(doc, knob, value, changes, imported, trl)
         elif knob == "precision":
             _precision(doc, value, imported)
@@ -292,8 +298,10 @@ def _peft_apply(doc, knob, value, changes, imported, trl) -> None:
     if knob == "tuning":
         if value not in ("full", "lora", "qlora", None):
             raise cannot(imported, knob, value, "TRL recipes train full or with PEFT LoRA")
+        eight = value == "qlora" and changes.get("quant_bits", imported.knobs.get("quant_bits", 4)) == 8
         _flag(doc, "use_peft", value in ("lora", "qlora"), False)
-        _flag(doc, "load_in_4bit", value == "qlora", False)
+        _flag(doc, "load_in_4bit", value == "qlora" and not eight, False)
+        _flag(doc, "load_in_8bit", eight, False)
     elif knob == "lora_rank":
         doc["lora_r"] = value
     elif knob == "lora_alpha":
@@ -306,6 +314,9 @@ def _peft_apply(doc, knob, value, changes, imported, trl) -> None:
         _flag(doc, "use_dora", bool(value), False)
     elif knob == "double_quant":
         _flag(doc, "use_bnb_nested_quant", bool(value), False)
+    elif knob == "quant_bits" and (doc.get("load_in_4bit") or doc.get("load_in_8bit") or value == 8):
+        _flag(doc, "load_in_4bit", value != 8, False)
+        _flag(doc, "load_in_8bit", value == 8, False)
 
 
 def _precision(doc: dict, value, imported: ImportedConfig) -> None:

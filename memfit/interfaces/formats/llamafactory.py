@@ -110,12 +110,13 @@ def _knobs(doc: dict, where: str, assumed: list[str]) -> dict:
     if bits is not None:
         bits = as_int(where, "quantization_bit", bits)
         method = doc.get("quantization_method", "bnb")
-        if bits != 4 or method != "bnb":
+        if bits not in (4, 8) or method != "bnb":
             raise bad(where, "quantization_bit", f"{bits}-bit {method} quantization is not modelled; memfit "
-                      "models 4-bit bitsandbytes (QLoRA)")
+                      "models 4-bit and 8-bit bitsandbytes")
         if tuning != "lora":
             raise bad(where, "quantization_bit", f"quantized training needs finetuning_type lora, not {tuning}")
         tuning = "qlora"
+        k["quant_bits"] = bits
         if "double_quantization" in doc:
             k["double_quant"] = as_bool(where, "double_quantization", doc["double_quantization"])
     k["tuning"] = tuning
@@ -244,13 +245,17 @@ def apply(doc: dict, changes: dict, imported: ImportedConfig) -> dict:
                 doc["finetuning_type"] = value or "lora"
                 doc.pop("quantization_bit", None)
             elif value == "qlora":
-                doc["finetuning_type"], doc["quantization_bit"] = "lora", 4
+                bits = changes.get("quant_bits", imported.knobs.get("quant_bits", 4))
+                doc["finetuning_type"], doc["quantization_bit"] = "lora", bits
         elif knob == "lora_targets":
             doc["lora_target"] = "all" if tuple(value or ("all-linear",)) == ("all-linear",) else ",".join(value)
         elif knob == "dora":
             _flag(doc, "use_dora", bool(value), False)
         elif knob == "double_quant":
             _flag(doc, "double_quantization", value is not False, True)
+        elif knob == "quant_bits":
+            if doc.get("quantization_bit") is not None or value not in (4, None):
+                doc["quantization_bit"] = value or 4
         elif knob == "checkpointing":
             if value not in ("off", "full", "unsloth", None):
                 raise cannot(imported, knob, value, "LLaMA-Factory has full, unsloth (use_unsloth_gc) or off")

@@ -14,7 +14,8 @@ def _setup_line(s) -> str:
     rank = f" r{s.lora_rank}" if inert_because(s, "lora_rank") is None else ""  # IA3, OFT, ...: no rank
     # prompts (PEFT's virtual tokens, LitGPT's LLaMA-Adapter) adapt no named modules
     targeted = s.uses_adapters and wraps(s.tuning) not in ("virtual_tokens", "prompt_attention")
-    tuning = f"{s.tuning}{rank}" + (f" ({','.join(s.lora_targets)})" if targeted else "")
+    bits = " 8-bit" if s.tuning == "qlora" and s.quant_bits == 8 else ""
+    tuning = f"{s.tuning}{bits}{rank}" + (f" ({','.join(s.lora_targets)})" if targeted else "")
     return (f"{tuning}, {s.precision}, {s.optimizer}, {engine_of(s).describe(s)}; micro-batch {s.micro_batch} x "
             f"{s.seq_len} tokens, grad-accum {s.grad_accum}; checkpointing {s.checkpointing}, attention {s.attention}, "
             f"loss {s.loss}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memfit.dtypes import FP8_BLOCK_BYTES, GPTQ_BYTES_PER_GROUP_OF_128, NF4_BYTES, NF4_DQ_BYTES, pow2_ceil
+from memfit.dtypes import FP8_BLOCK_BYTES, GPTQ_BYTES_PER_GROUP_OF_128, NF4_BYTES, NF4_DQ_BYTES, int8_bytes, pow2_ceil
 from memfit.memory.inventory import ParamTensor
 
 # bitsandbytes 8-bit Adam: 1 B per state x 2 states, plus an fp32 absmax per 256-element block each.
@@ -82,6 +82,8 @@ def quantized_bytes(s) -> float:
         return GPTQ_BYTES_PER_GROUP_OF_128
     if s.model.quantization == "fp8":
         return FP8_BLOCK_BYTES
+    if s.tuning == "qlora" and s.quant_bits == 8:
+        return int8_bytes(s.model.hidden_size)  # the narrowest input of a layer's Linears: errs high
     return NF4_DQ_BYTES if s.double_quant else NF4_BYTES
 
 

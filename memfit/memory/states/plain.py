@@ -15,17 +15,15 @@ def _reads_as_head(s, t: ParamTensor) -> bool:
 
 
 def _fp32_under_autocast(s, t: ParamTensor) -> bool:
-    if s.frozen_fp32_in_module and not t.trainable and _reads_as_head(s, t):
-        return True  # a tied head multiplies by the embedding's fp32 weight
+    if (s.frozen_fp32_in_module or s.tuning == "qlora" and s.kbit_upcast) and not t.trainable and _reads_as_head(s, t):
+        return True  # an fp32 head (PEFT's kbit upcast too); a tied one multiplies by the embedding's fp32 weight
     if t.kind not in ("linear", "lm_head", "lora") or t.quantized:
         return False
     if t.kind == "lora" and s.tuning not in ("lora", "qlora", "ptuning"):
         return False  # other PEFT methods: the casts they save are in their layer facts (data/peft.toml)
     if t.trainable:
         return trainable_dtype_bytes(s, t) == 4
-    if s.frozen_fp32_in_module and t.kind != "lora":
-        return True  # _frozen_casts
-    return s.tuning == "qlora" and s.kbit_upcast and t.kind == "lm_head"  # PEFT's kbit upcast
+    return s.frozen_fp32_in_module and t.kind != "lora"  # _frozen_casts
 
 
 def _cast_bytes(s, t: ParamTensor) -> int:
