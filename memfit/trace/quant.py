@@ -133,29 +133,12 @@ class Linear8bitLt(nn.Module):
         return _MatMul8bitLt.apply(x, self.weight, self.SCB, self.bias, self.outliers)
 
 
-def _lora_8bit_forward(self, x, *args, **kwargs):
-    """peft/tuners/lora/bnb.py `Linear8bitLt.forward` (peft 0.21): as the 4-bit one, without the defensive clone."""
+def _lora_bnb_forward(self, x, *args, **kwargs):
+    """peft/tuners/lora/bnb.py `Linear4bit.forward` / `Linear8bitLt.forward` (peft 0.21), vanilla LoRA / DoRA
+    variants: the same but for the 4-bit one's defensive clone of the base output."""
     result = self.base_layer(x, *args, **kwargs)
-    for active_adapter in self.active_adapters:
-        if active_adapter not in self.lora_A.keys():
-            continue
-        lora_A, lora_B = self.lora_A[active_adapter], self.lora_B[active_adapter]
-        dropout, scaling = self.lora_dropout[active_adapter], self.scaling[active_adapter]
-        requires_conversion = not torch.is_autocast_enabled()
-        if requires_conversion:
-            expected_dtype = result.dtype
-            x = self._cast_input_dtype(x, lora_A.weight.dtype)
-        output = lora_B(lora_A(dropout(x))) * scaling
-        if requires_conversion:
-            output = output.to(expected_dtype)
-        result = result + output
-    return result
-
-
-def _lora_4bit_forward(self, x, *args, **kwargs):
-    """peft/tuners/lora/bnb.py `Linear4bit.forward` (peft 0.21), vanilla LoRA / DoRA variants."""
-    result = self.base_layer(x, *args, **kwargs)
-    result = result.clone()  # "As per Tim Dettmers, for 4bit, we need to defensively clone here."
+    if isinstance(self.base_layer, Linear4bit):
+        result = result.clone()  # "As per Tim Dettmers, for 4bit, we need to defensively clone here."
     for active_adapter in self.active_adapters:
         if active_adapter not in self.lora_A.keys():
             continue
@@ -200,7 +183,7 @@ def quantize_linears(model: nn.Module, hf_model: nn.Module, compute_dtype: torch
         if isinstance(parent, LoraLayer) and isinstance(getattr(parent, "base_layer", None), (Linear4bit, Linear8bitLt)):
             # only adapters over a quantized Linear: bitsandbytes leaves stacked expert parameters unquantized,
             # and PEFT's own wrapper of them (its forward returns the experts' tuple) keeps its forward
-            parent.forward = types.MethodType(_lora_4bit_forward if bits == 4 else _lora_8bit_forward, parent)
+            parent.forward = types.MethodType(_lora_bnb_forward, parent)
     if bits == 8:
         return (f"8-bit LoRA: {count} Linear layers as LLM.int8 stand-ins (int8 weight, fp32 row scales; each keeps "
                 f"its input and {OUTLIER_SHARE:.0%} outlier columns)")

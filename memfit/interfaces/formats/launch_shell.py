@@ -80,11 +80,15 @@ def _open_quote(line: str, quote: str | None) -> str | None:
 
 
 def _array_open(text: str) -> bool:
-    """A `NAME=(` array assignment whose `)` has not come yet (outside quotes and comments)."""
+    """A `NAME=(` array assignment whose `)` has not come yet."""
     m = _ARRAY_START.match(text)
-    if not m:
-        return False
-    depth, quote, i = 1, None, m.end()
+    return bool(m) and array_close(text, m.end()) is None
+
+
+def array_close(text: str, i: int) -> int | None:
+    """The offset of the `)` that closes an array body starting at `i` (quotes, comments and nested parentheses
+    skipped), None when the text ends first."""
+    depth, quote = 1, None
     while i < len(text):
         c = text[i]
         if quote:
@@ -96,13 +100,13 @@ def _array_open(text: str) -> bool:
         elif c == "#" and text[i - 1] in " \t\n(":
             i = text.find("\n", i)
             if i < 0:
-                return True
+                return None
         elif c in "()":
             depth += 1 if c == "(" else -1
             if not depth:
-                return False
+                return i
         i += 1
-    return True
+    return None
 
 
 def _expand_arrays(text: str, arrays: dict) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 from memfit.errors import MemfitError
 from memfit.interfaces.formats import jsontext, yamltext
 from memfit.interfaces.formats.base import WrittenFile, launch_path, shown
+from memfit.interfaces.formats.launch_shell import array_close
 from memfit.interfaces.formats.launch_sources import Launch, Source, launcher_flag, region
 
 TRAINING = ("llamafactory", "hf", "openrlhf")
@@ -218,27 +219,8 @@ def _array_regions(script, where: str) -> list[tuple[int, int]]:
     for name in dict.fromkeys(re.findall(r"\$\{(\w+)\[[@*]\]\}", script.text[start:end])):
         sets = list(re.finditer(rf"(?m)^[ \t]*(?:export[ \t]+|declare[ \t]+-a[ \t]+|local[ \t]+)?{name}(\+?)=\(", before))
         fresh = max((i for i, m in enumerate(sets) if not m.group(1)), default=0)
-        out += [(m.end(), _array_close(before, m.end())) for m in reversed(sets[fresh:])]
+        out += [(m.end(), array_close(before, m.end()) or len(before)) for m in reversed(sets[fresh:])]
     return out
-
-
-def _array_close(text: str, i: int) -> int:
-    """The offset of the `)` that closes an array body starting at `i` (quotes and comments skipped)."""
-    quote = None
-    while i < len(text):
-        c = text[i]
-        if quote:
-            quote = None if c == quote else quote
-        elif c in "'\"":
-            quote = c
-        elif c == "#" and text[i - 1] in " \t\n(":
-            i = text.find("\n", i)
-            if i < 0:
-                return len(text)
-        elif c == ")":
-            return i
-        i += 1
-    return len(text)
 
 
 def _word(value, style: str) -> str:
