@@ -64,7 +64,7 @@ def test_a_measured_kind_gets_its_row_of_the_table():
     assert len(band.under) == _table()["trace"][row["trace"]]["rows"]
 
 
-@pytest.mark.parametrize("kind", ["single/qlora", "ddp/adapters", "fsdp/adapters", "single/freeze", "zero3/full+vllm"])
+@pytest.mark.parametrize("kind", ["zero3/qlora", "ddp/adapters", "fsdp/adapters", "single/freeze", "zero3/full+vllm"])
 def test_an_unmeasured_kind_falls_back_to_the_widest_band_and_says_so(kind):
     assert kind not in _table()["band"]
     band = band_for(kind)
@@ -74,8 +74,8 @@ def test_an_unmeasured_kind_falls_back_to_the_widest_band_and_says_so(kind):
 
 
 def test_the_estimate_lists_its_band_under_assumed(scenario):
-    e = estimate(scenario(model="llama-3.1-8b", gpu="a100-80gb", tuning="qlora", micro_batch=1))
-    assert e.band_kind == "single/qlora" and e.band_fraction == widest().fraction
+    e = estimate(scenario(model="llama-3.1-8b", gpu="a100-80gb", tuning="freeze", micro_batch=1))
+    assert e.band_kind == "single/freeze" and e.band_fraction == widest().fraction
     listed = [a for a in e.assumptions if a.startswith("error band")]
     assert len(listed) == 1 and "not measured" in listed[0] and f"{e.band_fraction:.1%}" in listed[0]
 
