@@ -85,6 +85,8 @@ LORA = (HERE / "lora-1b.yml").read_text()
     ("optimizer: adamw_8bit", "optimizer: came_pytorch", "optimizer"),
     ("bf16: auto", "deepspeed: deepspeed_configs/missing.json", "no such file"),
     ("lora_dropout: 0.05", "lora_dropout: 0.05\nmicro_batch_sizes: 4", "looks like a memory setting"),
+    ("lora_dropout: 0.05", "lora_dropout: 0.05\nlora_modules_to_save: {embed_tokens: 1}", "lora_modules_to_save"),
+    ("adapter: lora", "adapter: qlora\nload_in_8bit: true", "choose one"),
 ])
 def test_bad_file_one_line(tmp_path, capsys, old, new, needle):
     assert old in LORA

@@ -268,6 +268,7 @@ def test_fit_changes_a_flag_where_the_array_says_it(tmp_path):
     ("torchrun --nproc_per_node 2 train.py --deepspeed missing_ds.json --bf16\n", "missing_ds.json: no such file"),
     ("llamafactory-cli train missing.yaml\n", "missing.yaml: no such file"),
     ("python train.py --output_dir 'unterminated --bf16\n", "unterminated ' quote"),
+    ("ARGS=(\n  --bf16 true\ntrl sft \"${ARGS[@]}\"\n", "the array `ARGS=(` has no closing `)`"),
     ("llamafactory-cli train a.yaml\nllamafactory-cli train b.yaml\n", "2 training launches"),
     ("torchrun --nproc_per_node many train.py --bf16\n", "--nproc_per_node"),
     ("deepspeed --num_gpus\n", "--num_gpus: expects a value"),

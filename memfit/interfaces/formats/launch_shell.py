@@ -56,6 +56,9 @@ def logical_lines(text: str, where: str):
                 parts.append("\n")
         if quote is not None:
             raise bad(where, None, f"line {start}: no closing quotation (an unterminated {quote} quote)")
+        if _array_open("".join(parts)):
+            raise bad(where, None, f"line {start}: the array `{_ARRAY_START.match(parts[0]).group(0).strip()}` has no "
+                      "closing `)`")
         yield start, "".join(parts)
 
 
