@@ -75,7 +75,7 @@ def baseline(base: Scenario, global_batch: int | None = None, options: Options =
     search = Search(base, set(), global_batch, options)
     c = search.make(search.bk, search.ak, runnable=False)  # shown even when it cannot run (0 tokens/s)
     if c is None:
-        raise MemfitError("the starting scenario is not valid with this global batch")
+        raise MemfitError(search.refused or "the starting scenario is not valid with this global batch")
     search.estimate(c)
     return row(c, ())
 

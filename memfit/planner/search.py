@@ -148,6 +148,7 @@ class Search:
     def __init__(self, base: Scenario, allow: set[str], global_batch: int | None, options: Options = Options(),
                  keep: Keep = Keep()):
         self.per_gpu = per_gpu_batch(base, global_batch)
+        self.refused = ""  # why the last combination could not be built
         self.builder = Builder(base, self.per_gpu)
         self.base = base
         self.options = options
@@ -199,7 +200,8 @@ class Search:
         try:
             s = self.builder.scenario(k, a)
             speed = step_time(s)
-        except MemfitError:
+        except MemfitError as e:
+            self.refused = str(e)
             return None  # a combination the frameworks reject (the scenario says which)
         if runnable and speed.tokens_per_second <= 0:
             return None  # it cannot run (vLLM without room for one sequence's KV cache)

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import math
 
-from memfit.facts.catalog import find_model
 from memfit.facts.methods import generator_facts, method_facts
 from memfit.roles.generator import Generator, full_params
+from memfit.roles.ray import named_model, reward_and_critic
 from memfit.facts.engines import Sharding, engine_of
 from memfit.facts.scenario import Scenario
 from memfit.planner.speed import (GB, StepTime, assumptions, gather_seconds, host_link_bytes_per_second,
@@ -59,7 +59,7 @@ def _single_process(s: Scenario, facts: dict) -> StepTime:
     train = train_step_time(policy)
     parts = dict(train.breakdown)
     if facts.get("reference") and not s.precompute_ref_log_probs:
-        ref = policy.with_changes(model=find_model(s.ref_model) if s.ref_model else s.model)
+        ref = policy.with_changes(model=named_model(s.ref_model, "ref") if s.ref_model else s.model)
         parts["reference_forward"] = s.grad_accum * _frozen_forward(ref, s.ref_offload)
     return _finish(parts, train.tokens_per_step)
 
@@ -98,9 +98,8 @@ def _ray(s: Scenario, facts: dict) -> StepTime:
     if generate is None:
         return StepTime(seconds=math.inf, tokens_per_second=0.0, tokens_per_step=0)
     actor = s.with_changes(method="sft")
-    reward_model = find_model(s.reward_model) if s.reward_model else s.model
-    trained = [actor] + ([actor.with_changes(model=find_model(s.critic_model) if s.critic_model else reward_model)]
-                         if facts.get("critic") else [])
+    reward_model, critic_model = reward_and_critic(s)
+    trained = [actor] + ([actor.with_changes(model=critic_model)] if facts.get("critic") else [])
     train_steps = max(1, samples // (s.micro_batch * s.grad_accum * s.world_size))
     parts = {"generate": generate, "train": train_steps * sum(train_step_time(t).seconds for t in trained)}
     rollout = actor.with_changes(micro_batch=s.rollout_micro_batch or 1)

@@ -118,6 +118,20 @@ def _role_scenario(s: Scenario, gpus: int, model=None) -> Scenario:
                           method="sft")
 
 
+def reward_and_critic(s: Scenario):
+    """The reward and critic models a run names (the reward defaults to the actor, the critic to the reward)."""
+    reward = named_model(s.reward_model, "reward") if s.reward_model else s.model
+    return reward, named_model(s.critic_model, "critic") if s.critic_model else reward
+
+
+def named_model(name: str, role: str):
+    """A role's model by name; the error says how to give another."""
+    try:
+        return find_model(name)
+    except MemfitError as e:  # the run's file names it: say how to give another
+        raise MemfitError(f"the {role} model: {e}; or give one memfit knows with --{role}-model") from None
+
+
 def _models(s: Scenario, notes: list[str]) -> RayRun:
     facts = method_facts(s.method)
     kind = run_methods(s)["logits"]
@@ -130,15 +144,14 @@ def _models(s: Scenario, notes: list[str]) -> RayRun:
     if facts.get("generator") and s.vllm_engines != 0:
         present.append("vllm")
     groups, sizes = _layout(s, present)
-    reward_model = find_model(s.reward_model) if s.reward_model else s.model
+    reward_model, critic_model = reward_and_critic(s)
     actor = trained_role(_role_scenario(s, sizes[groups["actor"]]), s.micro_batch, kind)
     critic = ref = reward = gen = None
     if "critic" in groups:
-        critic_model = find_model(s.critic_model) if s.critic_model else reward_model
         critic = trained_role(_role_scenario(s, sizes[groups["critic"]], critic_model), s.micro_batch, kind,
                               value_head=True)
     if "ref" in groups:
-        ref_model = find_model(s.ref_model) if s.ref_model else s.model
+        ref_model = named_model(s.ref_model, "ref") if s.ref_model else s.model
         ref = frozen_role(_role_scenario(s, sizes[groups["ref"]]), ref_model, rollout, kind, False, s.ref_offload)
         notes.extend(ref.notes)
     if "reward" in groups:

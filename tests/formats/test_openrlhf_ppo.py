@@ -112,10 +112,82 @@ def test_a_deepspeed_flag_is_rewritten_and_the_release_parses_it(tmp_path, wheel
            {k: v for k, v in imported.knobs.items() if k not in ("zero_stage", "overlap_comm")}
 
 
-def test_a_role_flag_is_not_rewritten():
+def test_the_runs_shape_is_not_rewritten():
     imported = read_config(HERE / "ppo_llama3_8b_split_gpus_v0.11.sh")
-    with pytest.raises(MemfitError, match="does not\\s+rewrite"):
-        write_config_files(imported, {**imported.knobs, "vllm_gpu_memory_utilization": 0.5})
+    for knob, value in (("colocate", "all"), ("vllm_engines", 2), ("role_gpus", (("actor", 8),))):
+        with pytest.raises(MemfitError, match="keeps train_ppo_ray's roles"):
+            write_config_files(imported, {**imported.knobs, knob: value})
+
+
+@pytest.mark.parametrize("knob, value, flag", [("vllm_gpu_memory_utilization", 0.5, "--vllm.gpu_memory_utilization"),
+                                               ("reward_offload", None, "--reward.offload"),
+                                               ("vllm_sleep", None, "--vllm.enable_sleep"),
+                                               ("deepspeed_sleep", None, "--ds.enable_sleep")])
+def test_the_role_knobs_the_planner_changes_are_written_and_read_back(knob, value, flag, wheels):
+    imported = read_config(HERE / "prorl_r1_distill_1.5b_v0.11.sh")
+    value = not imported.knobs[knob] if value is None else value  # a switch: the other way
+    assert imported.knobs[knob] != value
+    text = write_config_files(imported, {**imported.knobs, knob: value})[0].new_text
+    again = read_config(text, format="openrlhf")
+    assert (flag in text) == (value is not False) and again.knobs[knob] == value
+    assert {k: v for k, v in again.knobs.items() if k != knob} == {k: v for k, v in imported.knobs.items() if k != knob}
+    _parsed(again)  # the release's own parser takes it
+
+
+def test_before_0_10_2_reference_and_reward_offload_together():
+    imported = read_config(HERE / "ppo_llama3_8b_colocate_all_v0.9.sh")  # a reference (kl 0.01) and a reward model
+    with pytest.raises(MemfitError, match="offloads the reference and the reward model together"):
+        write_config_files(imported, {**imported.knobs, "ref_offload": True})
+    text = write_config_files(imported, {**imported.knobs, "ref_offload": True, "reward_offload": True})[0].new_text
+    again = read_config(text, format="openrlhf")
+    assert "--ref_reward_offload" in text and again.knobs["ref_offload"] and again.knobs["reward_offload"]
+
+
+def test_a_dynamic_batch_micro_batch_is_written_as_its_token_budget(wheels):
+    imported = read_config(HERE / "prorl_r1_distill_1.5b_v0.11.sh")
+    k = imported.knobs
+    rows = k["micro_batch"] * k["grad_accum"]
+    text = write_config_files(imported, {**k, "micro_batch": 2, "grad_accum": rows // 2})[0].new_text
+    again = read_config(text, format="openrlhf")
+    args = _parsed(again)
+    assert _arg(args, again.variant, "train_max_tokens") == 2 * k["seq_len"]
+    assert again.knobs["micro_batch"] == 2 and again.knobs["grad_accum"] == rows // 2
+    # the rollout keeps the budget it had (the training one, by default) and the global batch stays
+    assert again.knobs["rollout_micro_batch"] == k["rollout_micro_batch"]
+    assert _arg(args, again.variant, "global_batch") == _arg(_parsed(imported), imported.variant, "global_batch")
+
+
+def _fit(capsys, tmp_path, name: str, gpu: str) -> tuple[int, str]:
+    code = main(["fit", str(HERE / name), "--model", "llama-3-8b", "--reward-model", "llama-3-8b", "--critic-model",
+                 "llama-3-8b", "--gpu", gpu, "--out", str(tmp_path)])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+# (example, a GPU where it does not fit and a plan the command can say does)
+FITS = [("dapo_llama3_8b_v0.10.sh", "a100-40gb"), ("ppo_llama3_8b_colocate_all_v0.9.sh", "l40s"),
+        ("ppo_llama3_8b_split_gpus_v0.11.sh", "l40s"), ("prorl_r1_distill_1.5b_v0.11.sh", "l40s"),
+        ("reinforce_baseline_llama3_8b_v0.9.sh", "a100-40gb")]
+
+
+@pytest.mark.parametrize("name, gpu", FITS)
+def test_fit_rewrites_each_example_keeping_its_shape_and_data(name, gpu, tmp_path, capsys, wheels):
+    code, out = _fit(capsys, tmp_path, name, gpu)
+    assert code == 0 and "-> fits" in out, out
+    before, after = read_config(HERE / name), read_config(tmp_path / name)
+    assert after.text != before.text
+    for knob in ("colocate", "vllm_engines", "vllm_tp", "role_gpus", "seq_len", "padding", "method", "init_kl_coef"):
+        assert after.knobs[knob] == before.knobs[knob], knob
+    args, old = _parsed(after), _parsed(before)
+    for name_ in ("global_batch", "rollout_micro_batch"):  # the step's data: samples per update, per rollout batch
+        assert _arg(args, after.variant, name_) == _arg(old, before.variant, name_), name_
+
+
+def test_fit_names_the_role_model_it_cannot_resolve(capsys, tmp_path):
+    code = main(["fit", str(HERE / "ppo_llama3_8b_colocate_all_v0.9.sh"), "--model", "llama-3-8b", "--gpu", "l40s",
+                 "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "Llama-3-8b-rm-700k" in err and "--reward-model" in err and "global batch" not in err
 
 
 # --- the script's own rules after parsing ---------------------------------------------------------------------

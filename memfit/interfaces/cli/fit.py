@@ -10,6 +10,8 @@ from memfit.facts.knobs import axes
 from memfit.interfaces.cli.args import add_hardware_arguments, blank_arguments, positive_int, scenario_and_file
 from memfit.interfaces.files import UNCHECKED, FileWrite, write_files
 
+ROLES = ("ref", "reward", "critic")  # several-model runs: a role's model may be given instead of the file's
+
 
 def add_fit_command(sub) -> None:
     p = sub.add_parser("fit", help="rewrite a DeepSpeed / LLaMA-Factory / OpenRLHF / accelerate / HF file so the run fits")
@@ -18,6 +20,8 @@ def add_fit_command(sub) -> None:
     p.add_argument("--from", dest="from_files", action="append", metavar="FILE",
                    help="instead of FILE: several files of one run (repeat --from), written as one set")
     p.add_argument("--model", help="the model, when the file does not name one")
+    for role in ROLES:  # DPO / PPO / GRPO: a model the file names that the catalog and the HF cache lack
+        p.add_argument(f"--{role}-model", help=f"the {role} model of a several-model run, instead of the file's")
     add_hardware_arguments(p)
     p.add_argument("--allow", default="",
                    help="changes of the training you accept (comma-separated): lora, qlora (tuning), 8bit (8-bit "
@@ -50,6 +54,7 @@ def run_fit(a: argparse.Namespace) -> int:
     if bool(a.file) == bool(a.from_files):
         raise MemfitError("memfit fit takes one FILE or --from FILE (repeated), not both and not neither")
     args = argparse.Namespace(**{**blank_arguments(), "model": a.model, "from_file": a.from_files or a.file,
+                                 **{f"{role}_model": getattr(a, f"{role}_model") for role in ROLES},
                                  "gpu": a.gpu,
                                  "gpu_mem": a.gpu_mem, "gpus_per_node": a.gpus_per_node, "nodes": a.nodes,
                                  "host_ram": a.host_ram})
@@ -79,7 +84,8 @@ def run_fit(a: argparse.Namespace) -> int:
         return True
 
     best, files = _search(base, imported, allow, kept, a.global_batch, options, old, io, says, refusals)
-    _check_written(imported, io.reread(files), best, options.resume)
+    given = {f"{r}_model": getattr(a, f"{r}_model") for r in ROLES if getattr(a, f"{r}_model")}  # not the file's
+    _check_written(imported, io.reread(files), best, options.resume, given)
     print(f"{imported.name}: {now.verdict} ({gib(now.device_peak_bytes)} GiB per GPU) -> "
           f"{best.verdict} ({gib(best.device_peak_bytes)} GiB, {best.tokens_per_second:,.0f} tokens/s)")
     _print_notes(notes)
@@ -142,7 +148,7 @@ def _search(base, imported, allow, kept, global_batch, options, old, io, says, r
                       f"{base.hardware.gpus_per_node} x {base.hardware.gpu.name}{why}")
 
 
-def _check_written(imported, again, best, resume: bool) -> None:
+def _check_written(imported, again, best, resume: bool, given: dict) -> None:
     """The files as they will be written, read back (`again`) and estimated (with the code edit beside them
     applied), must be the plan: a writer that drops a key or a path that resolves elsewhere shows up here, before
     anything is written. A launch is read back whole, every file as it will be."""
@@ -153,7 +159,7 @@ def _check_written(imported, again, best, resume: bool) -> None:
     s = best.scenario
     edited = {k: getattr(s, k) for c in best.changes if c.code_edit for k in axes()[c.knob]}
     try:
-        written = build_scenario(s.model, s.hardware, again.knobs | edited, imported.profile)
+        written = build_scenario(s.model, s.hardware, again.knobs | edited | given, imported.profile)
     except MemfitError as e:
         raise MemfitError(f"{imported.name}: the rewritten file does not read back as a run: {e}") from None
     e = judge(estimate(written), resume)

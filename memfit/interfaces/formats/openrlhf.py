@@ -27,7 +27,7 @@ from memfit.interfaces.formats.openrlhf_command import (FORMAT, PPO, PROFILE, RE
                                                         UNSUPPORTED_DEEPSPEED, Command, _launcher, flag_name,
                                                         flags_of, parse_command)
 from memfit.interfaces.formats.openrlhf_knobs import _value, knobs_of
-from memfit.interfaces.formats.openrlhf_ppo import read_ppo
+from memfit.interfaces.formats.openrlhf_ppo import read_ppo, role_knobs, write_roles
 
 
 # device memory of an attention kernel, most first: the reading an ambiguous command gets
@@ -95,12 +95,6 @@ def _need(imported: ImportedConfig, name: str, knob: str, value) -> str:
     return flag
 
 
-# train_ppo_ray knobs memfit reads but does not write (openrlhf_ppo.py)
-_PPO_ONLY = frozenset({"colocate", "vllm_engines", "vllm_tp", "vllm_gpu_memory_utilization", "vllm_sleep",
-                       "deepspeed_sleep", "rollout_micro_batch", "role_gpus", "reward_offload", "remote_reward",
-                       "reward_model", "critic_model", "init_kl_coef"})
-
-
 def new_flags(imported: ImportedConfig, changes: dict) -> dict:
     cmd: Command = imported.doc
     version, script = imported.variant, cmd.script
@@ -120,10 +114,10 @@ def new_flags(imported: ImportedConfig, changes: dict) -> dict:
         elif flag:
             flags.pop(flag, None)
 
+    roles = role_knobs(imported) if script == PPO else frozenset()
     for knob, value in changes.items():
-        if script == PPO and knob in _PPO_ONLY:
-            raise cannot(imported, knob, value, "memfit reads train_ppo_ray's role, vLLM and sleep flags but does not "
-                         "rewrite them yet; edit the command by hand")
+        if knob in roles:
+            continue  # with the other role knobs, below
         if knob == "zero_stage":
             put("zero_stage", knob, 2 if value is None else value)
         elif knob == "offload_optimizer":
@@ -220,8 +214,10 @@ def new_flags(imported: ImportedConfig, changes: dict) -> dict:
                 raise cannot(imported, knob, value, f"this is a {script} command")
         else:
             raise cannot(imported, knob, value, "OpenRLHF has no flag for it")
-    if "grad_accum" in changes and changes["grad_accum"] is not None:
-        gpus = imported.world.get("num_gpus")
+    if script == PPO:
+        write_roles(imported, changes, put, switch)
+    if "grad_accum" in changes and changes["grad_accum"] is not None and "grad_accum" not in roles:
+        gpus = dict(imported.knobs["role_gpus"])["actor"] if script == PPO else imported.world.get("num_gpus")
         if not gpus:
             raise cannot(imported, "grad_accum", changes["grad_accum"],
                          "OpenRLHF sets the global batch (--train_batch_size); it needs the number of GPUs: say --gpus")

@@ -1,6 +1,7 @@
 """OpenRLHF `train_ppo_ray` commands (PPO, REINFORCE++, RLOO, GRPO, Dr. GRPO, DAPO, ProRL: every RL example of
-OpenRLHF runs this script) read onto memfit's role knobs (docs/knobs.md E.2). Read only: memfit plans these runs
-but does not rewrite their role flags.
+OpenRLHF runs this script) read onto memfit's role knobs (docs/knobs.md E.2). `fit` writes back the role knobs
+memfit's planner changes (offload, vLLM memory, sleep: `write_roles`); the run's shape (roles, GPUs, colocation,
+engines) is the user's and is never rewritten.
 
 The flags of each release come from its own parser (tables/openrlhf.json, rebuilt from the released
 `openrlhf/cli/train_ppo_ray.py` by validate_openrlhf.openrlhf_table). What the script then does to them before
@@ -16,7 +17,9 @@ Settings that change memory and that memfit does not model are named (tables/not
 """
 from __future__ import annotations
 
-from memfit.interfaces.formats.base import ImportedConfig, bad, shown
+from typing import Callable
+
+from memfit.interfaces.formats.base import ImportedConfig, bad, cannot, shown
 from memfit.interfaces.formats.openrlhf_knobs import _value, knobs_of
 from memfit.interfaces.formats.openrlhf_command import (FORMAT, PROFILE, RELEASES, Command, flag_name, flags_of)
 from memfit.interfaces.formats.tables import table
@@ -94,7 +97,9 @@ def _lengths(version: str, k: dict, v, assumed: list[str]) -> None:
         # a micro-step holds up to max_tokens_per_gpu tokens (packed); read as whole rows of seq_len that reach it
         train = v("train_max_tokens", True)
         rollout = v("rollout_max_tokens") or train  # the script's default: the training budget
+        rows = k["micro_batch"] * k.get("grad_accum", 1)  # a GPU's rows per optimizer step (--train_batch_size)
         k["micro_batch"] = max(1, -(-train // k["seq_len"]))
+        k["grad_accum"] = max(1, -(-rows // k["micro_batch"]))  # the micro-steps that hold them
         k["rollout_micro_batch"] = max(1, -(-rollout // k["seq_len"]))
         assumed.append(f"{_name(version, 'dynamic_batch')}: {train} (rollout {rollout}) tokens per GPU per "
                        f"micro-step, read as {k['micro_batch']} (rollout {k['rollout_micro_batch']}) packed rows of "
@@ -198,3 +203,59 @@ def read_ppo(cmd: Command, version: str, text: str, path, where: str, notes: lis
     return ImportedConfig(format=FORMAT, profile=PROFILE, knobs=k, text=text, doc=cmd, path=path,
                           model_name=model if isinstance(model, str) and not model.startswith("$") else None,
                           world=world, variant=version, assumed=assumed, warnings=warnings)
+
+
+# what memfit's planner may change in a train_ppo_ray run (planner/space.py role_options); `ref_offload` is
+# written with the other scripts' knobs
+WRITTEN = frozenset({"reward_offload", "vllm_gpu_memory_utilization", "vllm_sleep", "deepspeed_sleep"})
+# the run's shape: read, never rewritten (another placement is another experiment, not a memory setting)
+SHAPE = frozenset({"colocate", "vllm_engines", "vllm_tp", "rollout_micro_batch", "role_gpus", "remote_reward",
+                   "reward_model", "critic_model", "init_kl_coef"})
+
+
+def role_knobs(imported: ImportedConfig) -> frozenset:
+    """The knobs `write_roles` writes rather than the other scripts' writer: under dynamic batching the
+    micro-batch is a token budget and OpenRLHF counts the micro-steps itself."""
+    dynamic = _value(imported.doc, imported.variant, "dynamic_batch")
+    return SHAPE | WRITTEN | (frozenset({"micro_batch", "grad_accum"}) if dynamic else frozenset())
+
+
+def write_roles(imported: ImportedConfig, changes: dict, put: Callable, switch: Callable) -> None:
+    """The role knobs of `changes` onto the command's flags (through the writer's put / switch)."""
+    if "micro_batch" in changes and "micro_batch" in role_knobs(imported):
+        _token_budget(imported, changes, put)
+    for knob in SHAPE.intersection(changes):
+        raise cannot(imported, knob, changes[knob], "memfit keeps train_ppo_ray's roles, GPUs, colocation and vLLM "
+                     "engines as the command has them; edit the command by hand")
+    one_flag = bool({"ref_offload", "reward_offload"} & set(changes)) and _one_offload_flag(imported, changes)
+    for knob in sorted(WRITTEN.intersection(changes)):
+        value = changes[knob]
+        if knob == "vllm_gpu_memory_utilization":
+            put(knob, knob, value)
+        elif knob != "reward_offload" or not one_flag:
+            switch(knob, knob, bool(value))
+
+
+def _token_budget(imported: ImportedConfig, changes: dict, put: Callable) -> None:
+    """A micro-batch of whole rows as dynamic batching's tokens per GPU (what `_lengths` reads back); the
+    rollout keeps its own budget, which defaults to the training one."""
+    version, k = imported.variant, imported.knobs
+    seq = changes.get("seq_len", k["seq_len"])
+    if not _value(imported.doc, version, "rollout_max_tokens"):
+        put("rollout_max_tokens", "rollout_micro_batch", _value(imported.doc, version, "train_max_tokens"))
+    put("train_max_tokens", "micro_batch", changes["micro_batch"] * seq)
+
+
+def _one_offload_flag(imported: ImportedConfig, changes: dict) -> bool:
+    """Before 0.10.2 one flag (--ref_reward_offload) offloads the reference and the reward model together:
+    True when it is that flag, written by ref_offload (a run without a reference leaves it to the reward model)."""
+    version, k = imported.variant, imported.knobs
+    if flag_name(version, SCRIPT, "ref_offload") != flag_name(version, SCRIPT, "reward_offload"):
+        return False
+    has_ref, has_reward = k.get("init_kl_coef", 0) > 0, not k.get("remote_reward")
+    ref = changes.get("ref_offload", k.get("ref_offload"))
+    reward = changes.get("reward_offload", k.get("reward_offload"))
+    if has_ref and has_reward and bool(ref) != bool(reward):
+        raise cannot(imported, "reward_offload", reward, f"OpenRLHF {RELEASES[version]} offloads the reference and "
+                     f"the reward model together ({_name(version, 'ref_offload')})")
+    return has_ref
