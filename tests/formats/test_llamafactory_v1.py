@@ -2,6 +2,7 @@
 dataclasses and parser in the LLaMA-Factory virtual environment (tests/formats/README.md; those tests skip
 without it)."""
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from memfit.errors import MemfitError
 from memfit.interfaces.cli.main import main
 from memfit.interfaces.formats import detect_format, read_config, write_config_files
-from memfit.interfaces.formats import validate
+from memfit.interfaces.formats import llamafactory, validate
 from memfit.interfaces.formats.tables import table
 from memfit.interfaces.formats.yamltext import yaml
 
@@ -100,7 +101,9 @@ def test_plugins_map_or_fail_in_one_line():
     assert (k["tuning"], k["lora_rank"], k["dora"], k["padding"]) == ("qlora", 32, True, "padding_free")
     for text, match in (("dist_config: {name: fsdpturbo, ep_size: 16}\n", "fsdpturbo"),
                         ("peft_config: {r: 8}\n", "needs a `name`"), ("peft_config: {name: ia3}\n", "lora and freeze"),
-                        ("micro_batch_size: lots\n", "micro_batch_size")):
+                        ("micro_batch_size: lots\n", "micro_batch_size"),
+                        # v1's peft plugin wraps a string as one module name: "q_proj,v_proj" matches no module
+                        ("peft_config: {name: lora, target_modules: 'q_proj,v_proj'}\n", "one module name")):
         with pytest.raises(MemfitError, match=match) as e:
             _read(BASE + text)
         assert "\n" not in str(e.value)
@@ -124,12 +127,124 @@ def test_each_not_modelled_key_is_named_with_the_direction_of_the_error(label):
     assert len(named) == 1 and ("too high" in named[0] or "too low" in named[0].lower()), named
 
 
-def test_v1_files_are_not_rewritten():
-    imported = read_config(HERE / "lora_sft_fsdp2.yaml", gpus=8)
-    files = write_config_files(imported, dict(imported.knobs))
-    assert files[0].new_text == files[0].old_text
-    with pytest.raises(MemfitError, match="does not write it yet"):
-        write_config_files(imported, {**imported.knobs, "micro_batch": 2})
+def test_unchanged_knobs_write_the_same_bytes():
+    for name in EXAMPLES:
+        imported = read_config(HERE / name, gpus=8)
+        files = write_config_files(imported, dict(imported.knobs))
+        assert [f.new_text for f in files] == [imported.text], name
+
+
+# one change each, as the knob table's `says` column gives llamafactory_v1; each must read back as written
+WRITES = [
+    ("lora_sft_fsdp2.yaml", {"micro_batch": 2, "grad_accum": 4}), ("lora_sft_fsdp2.yaml", {"seq_len": 4096}),
+    ("lora_sft_fsdp2.yaml", {"lora_rank": 64, "lora_alpha": 128, "lora_dropout": 0.0, "dora": True}),
+    ("lora_sft_fsdp2.yaml", {"lora_targets": ("q_proj", "v_proj")}), ("lora_sft_fsdp2.yaml", {"tuning": "qlora"}),
+    ("lora_sft_fsdp2.yaml", {"tuning": "full", "precision": "bf16-mixed"}),
+    ("qlora_fsdp2.yaml", {"tuning": "lora"}), ("qlora_fsdp2.yaml", {"double_quant": False}),
+    ("freeze_sft.yaml", {"freeze_trainable_layers": 4}), ("freeze_sft.yaml", {"tuning": "lora", "lora_rank": 8}),
+    ("full_fsdp2_padding_free.yaml", {"padding": "padded", "attention": "sdpa", "checkpointing": "off"}),
+    ("full_fsdp2_padding_free.yaml", {"fsdp_strategy": "shard_grad_op", "fsdp_cpu_offload": True}),
+    ("full_fsdp2_padding_free.yaml", {"precision": "fp32"}),
+    ("full_fsdp2_padding_free.yaml", {"engine": "deepspeed", "zero_stage": 2}),
+    ("full_deepspeed_z3.yaml", {"zero_stage": 2, "offload_optimizer": "cpu"}),
+    ("full_deepspeed_z3.yaml", {"engine": "fsdp", "fsdp_strategy": "full_shard", "fsdp_cpu_offload": False}),
+    ("lora_sft_fsdp2.yaml", {"engine": "ddp", "precision": "bf16-pure"}),
+]
+
+
+@pytest.mark.parametrize("name, changes", WRITES, ids=[f"{n}-{'-'.join(c)}" for n, c in WRITES])
+def test_a_change_reads_back_as_written(name, changes, tmp_path, monkeypatch):
+    monkeypatch.chdir(HERE)  # config_file paths resolve from the working directory, as in a run
+    imported = read_config(Path(name), gpus=8)
+    files = write_config_files(imported, {**imported.knobs, **changes}, folder=tmp_path)
+    again = llamafactory.read(files[0].new_text, gpus=8, files={f.path: f.new_text for f in files[1:]},
+                              path=HERE / name)
+    assert {k: again.knobs.get(k) for k in changes} == changes
+    untouched = {k: v for k, v in imported.knobs.items() if k not in changes and k in again.knobs}
+    assert all(again.knobs[k] == v for k, v in untouched.items()
+               if k not in ("precision", "fsdp_strategy", "fsdp_cpu_offload") or "engine" not in changes), again.knobs
+
+
+@pytest.mark.parametrize("name, changes, says", [
+    ("lora_sft_fsdp2.yaml", {"padding": "packed"}, "does not pack"),
+    ("lora_sft_fsdp2.yaml", {"optimizer": "adamw-8bit"}, "AdamW"),
+    ("lora_sft_fsdp2.yaml", {"loss": "liger"}, "standard cross entropy"),
+    ("lora_sft_fsdp2.yaml", {"checkpointing": "unsloth"}, "every layer or none"),
+    ("lora_sft_fsdp2.yaml", {"tuning": "qlora", "quant_bits": 8}, "4-bit"),
+    ("lora_sft_fsdp2.yaml", {"fsdp_strategy": "hybrid_shard"}, "shard_grad_op"),
+    ("lora_sft_fsdp2.yaml", {"engine": "single"}, "bf16 mixed precision needs fsdp2 or DeepSpeed"),
+    ("lora_sft_fsdp2.yaml", {"tuning": "ia3"}, "LoRA, QLoRA or freeze"),
+    ("full_fsdp2_padding_free.yaml", {"lora_rank": 32}, "no peft_config"),
+    ("full_deepspeed_z3.yaml", {"fsdp_cpu_offload": True}, "no dist_config"),
+])
+def test_what_v1_cannot_say_is_one_line(name, changes, says, monkeypatch):
+    monkeypatch.chdir(HERE)
+    imported = read_config(Path(name), gpus=8)
+    with pytest.raises(MemfitError, match=says) as err:
+        write_config_files(imported, {**imported.knobs, **changes})
+    assert "\n" not in str(err.value)
+
+
+def test_an_accumulation_needs_the_gpu_count():
+    imported = read_config(HERE / "lora_sft_fsdp2.yaml")
+    with pytest.raises(MemfitError, match="global_batch_size.*--gpus") as err:
+        write_config_files(imported, {**imported.knobs, "micro_batch": 1, "grad_accum": 2})
+    assert "\n" not in str(err.value)
+    assert "global_batch_size" not in write_config_files(imported, {**imported.knobs, "micro_batch": 2})[0].new_text
+
+
+# each example on hardware where it does not fit: fit writes what re-reads to the plan
+FITS = [("lora_sft_fsdp2.yaml", ["--gpu-mem", "12GiB"], ["--allow", "qlora"]),
+        ("lora_sft_fsdp2.yaml", ["--gpu-mem", "14GiB"], []),
+        ("full_deepspeed_z3.yaml", ["--gpu", "rtx3090", "--gpus", "2"], []),
+        ("qlora_fsdp2.yaml", ["--gpu-mem", "10GiB"], []),
+        ("freeze_sft.yaml", ["--gpu-mem", "10GiB"], []),
+        ("full_fsdp2_padding_free.yaml", ["--gpu", "rtx4090"], [])]
+PLAN = re.compile(r"-> (fits|tight) \(([\d.]+) GiB")
+
+
+def _step(imported, gpus: int) -> tuple:
+    """What one optimizer step trains on: global batch, padding, length."""
+    k = imported.knobs
+    return k["micro_batch"] * k.get("grad_accum", 1) * gpus, k["padding"], k["seq_len"]
+
+
+@pytest.mark.parametrize("name, hardware, extra", FITS, ids=[f"{n}-{'-'.join(h + e)}" for n, h, e in FITS])
+def test_fit_writes_what_reads_back_as_the_plan(name, hardware, extra, tmp_path, monkeypatch, capsys):
+    """(a) the written file estimates as planned, (b) one step trains on the same data, (c) v1's parser takes it."""
+    monkeypatch.chdir(HERE)
+    gpus = int(hardware[hardware.index("--gpus") + 1]) if "--gpus" in hardware else 1
+    code = main(["fit", name, *hardware, *extra, "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0 and PLAN.search(out.splitlines()[0]), out
+    planned = float(PLAN.search(out).group(2))
+    written = tmp_path / name
+    assert main(["estimate", "--from", str(written), *hardware, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"] in ("fits", "tight")
+    assert abs(doc["per_rank"]["device_total"]["peak_bytes"] / 2**30 - planned) <= max(0.5, 0.02 * planned)
+    before, after = read_config(HERE / name, gpus=gpus), read_config(written, gpus=gpus)
+    assert after.variant == "v1" and _step(after, gpus) == _step(before, gpus)
+    if (validate.LLAMAFACTORY_VENV / "bin" / "python").exists():  # v1's own parser, where it runs here
+        from memfit.interfaces.formats import validate_llamafactory_v1
+        parsed = validate_llamafactory_v1.validate_llamafactory_v1(yaml.safe_load(written.read_text()))
+        assert parsed["training"]["micro_batch_size"] == after.knobs["micro_batch"]
+        assert parsed["training"]["cutoff_len"] == after.knobs["seq_len"]
+    for companion in after.companions.values():  # the DeepSpeed JSON it names, new or edited
+        validate.validate_deepspeed(companion.text, world_size=gpus)
+
+
+def test_v1_says_its_own_column_of_the_knob_table():
+    from memfit.facts.knobs import knobs, said_by
+    from memfit.interfaces.formats import sayable
+    from memfit.interfaces.formats.llamafactory_v1_write import FIXED, LORA_KEYS
+
+    v1 = read_config(HERE / "lora_sft_fsdp2.yaml", gpus=8)
+    assert sayable(v1) == said_by("llamafactory_v1") | said_by("deepspeed") != sayable(read_config(
+        V0 / "train_lora" / "llama3_lora_sft.yaml", gpus=8))
+    says = {name: k.says.get("llamafactory_v1", "") for name, k in knobs().items()}
+    assert all(f"peft_config.{key}" in says[knob] for knob, (key, _) in LORA_KEYS.items())
+    assert not set(FIXED) & said_by("llamafactory_v1")
 
 
 def _estimate(capsys, path) -> dict:
@@ -152,3 +267,12 @@ def test_a_deepspeed_companion_is_read(capsys):
     imported = read_config(HERE / "full_deepspeed_z3.yaml", gpus=8)
     assert imported.knobs["zero_stage"] == 3 and "deepspeed" in imported.companions
     assert _estimate(capsys, HERE / "full_deepspeed_z3.yaml")["verdict"] in ("fits", "tight", "oom")
+
+
+def test_a_launch_knows_which_knobs_a_v1_file_states():
+    """A launch merges its files by what each states (launch_merge.stated): a v1 file by v1's own keys."""
+    from memfit.interfaces.formats.launch_merge import stated
+
+    part = read_config(HERE / "lora_sft_fsdp2.yaml", gpus=2)
+    said = {k: stated(part, k) for k in ("micro_batch", "lora_rank", "seq_len", "engine", "checkpointing")}
+    assert said == {"micro_batch": True, "lora_rank": True, "seq_len": True, "engine": True, "checkpointing": False}

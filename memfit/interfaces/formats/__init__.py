@@ -167,7 +167,8 @@ def diff(files: list[WrittenFile]) -> str:
 # --- from a Scenario -----------------------------------------------------------------------------------
 
 # Formats that may name a DeepSpeed file for the engine's settings: the knobs a DeepSpeed JSON says go there.
-COMPANIONS = {"llamafactory": "deepspeed", "hf": "deepspeed", "accelerate": "deepspeed", "axolotl": "deepspeed"}
+COMPANIONS = {"llamafactory": "deepspeed", "hf": "deepspeed", "accelerate": "deepspeed", "axolotl": "deepspeed",
+              "llamafactory_v1": "deepspeed"}
 
 
 def exportable(format: str) -> frozenset[str]:
@@ -184,6 +185,8 @@ def sayable(imported: ImportedConfig) -> frozenset[str]:
         raise launch.not_written(imported)
     if imported.format == "accelerate" and "deepspeed" not in imported.companions:
         return said_by("accelerate")
+    if imported.format == "llamafactory" and imported.variant == "v1":  # its own keys (the table's column)
+        return exportable("llamafactory_v1")
     return exportable(imported.format)
 
 

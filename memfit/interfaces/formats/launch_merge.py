@@ -58,7 +58,8 @@ def stated(part: ImportedConfig, knob: str) -> bool:
     if any(stated(c, knob) for c in part.companions.values()):
         return True
     k = knob_table().get(knob)
-    says = k.says.get(part.format) if k else None
+    column = "llamafactory_v1" if part.format == "llamafactory" and part.variant == "v1" else part.format
+    says = k.says.get(column) if k else None
     if says is None:
         return False
     if part.format == "openrlhf" or says.startswith("("):  # a command's flags, a config class: always said

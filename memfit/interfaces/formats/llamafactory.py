@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from memfit.interfaces.formats import deepspeed as ds
-from memfit.interfaces.formats import jsontext, yamltext
+from memfit.interfaces.formats import jsontext, llamafactory_v1_write, yamltext
 from memfit.interfaces.formats.ds_companion import deepspeed_files, engine_free
 from memfit.interfaces.formats.base import (HF_OPTIM_NAME, ImportedConfig, WrittenFile, as_bool, as_choice, as_float, as_int,
                                  as_str, bad, cannot, changed_knobs, doc_copy,
@@ -332,10 +332,10 @@ def write_files(imported: ImportedConfig, knobs: dict, folder: Path | None = Non
     """The YAML, and the DeepSpeed JSON when an engine knob changed: edited (into `folder` when given), or a new
     file in `folder` (default: beside the YAML) when there was none. `deepspeed:` names a new or moved file as
     LLaMA-Factory resolves it, from the working directory (base.launch_path)."""
+    if imported.variant == "v1":  # v1's flat keys and plugin blocks (llamafactory_v1_write.py), read back here
+        return llamafactory_v1_write.write_files(imported, knobs, folder, lambda text, files: read(
+            text, gpus=imported.world.get("num_gpus"), files=files, path=imported.path))
     changes = changed_knobs(imported, knobs)
-    if imported.variant == "v1" and changes:
-        knob = next(iter(changes))
-        raise cannot(imported, knob, changes[knob], "memfit reads LLaMA-Factory v1 YAML but does not write it yet")
     if changes.get("engine") == "fsdp":
         raise cannot(imported, "engine", "fsdp", "LLaMA-Factory runs FSDP through an accelerate config; "
                      "write one with memfit's accelerate exporter")

@@ -1,7 +1,7 @@
 """LLaMA-Factory v1 YAML (`USE_V1=1 llamafactory-cli sft config.yaml`; src/llamafactory/v1, examples/v1/): flat keys
 (`model`, `micro_batch_size`, `cutoff_len`, `flash_attn`, `bf16`, `enable_activation_checkpointing`,
 `batching_strategy`) and plugin blocks, each a mapping with a `name` (`peft_config`, `dist_config`, `quant_config`,
-`kernel_config`, `optim_config`, `init_config`). Read only: memfit does not write v1 files yet.
+`kernel_config`, `optim_config`, `init_config`). Written by llamafactory_v1_write.py.
 
 Keys are checked against v1's own argument dataclasses (tables/llamafactory_v1.json, from the installed release by
 validate_llamafactory_v1.py; its parser refuses unknown keys). What v1 does with them, read from its code
@@ -77,7 +77,11 @@ def _tuning(doc: dict, where: str, k: dict, notes: list[str]) -> None:
         k["lora_rank"] = as_int(where, "peft_config.r", peft.get("r", 8))
         k["lora_alpha"] = as_int(where, "peft_config.lora_alpha", peft.get("lora_alpha", 16))
         k["lora_dropout"] = float(peft.get("lora_dropout", 0.05))
-        k["lora_targets"] = lora_targets(where, "peft_config.target_modules", peft.get("target_modules", "all"))
+        targets = peft.get("target_modules", "all")
+        if isinstance(targets, str) and "," in targets:  # v1's peft plugin takes a string as one module's name
+            raise bad(where, "peft_config.target_modules", f"{shown(targets)} is one module name to v1 (it matches no "
+                      "module); write several as a list: [q_proj, v_proj]")
+        k["lora_targets"] = lora_targets(where, "peft_config.target_modules", targets)
         k["dora"] = as_bool(where, "peft_config.use_dora", peft.get("use_dora", False))
         if peft.get("modules_to_save"):
             k["modules_to_save"] = lora_targets(where, "peft_config.modules_to_save", peft["modules_to_save"])
@@ -95,7 +99,7 @@ def _tuning(doc: dict, where: str, k: dict, notes: list[str]) -> None:
     if quant:
         bits = quant.get("quantization_bit")
         if bits == 4 and k["tuning"] == "lora":
-            k["tuning"] = "qlora"
+            k["tuning"], k["quant_bits"] = "qlora", 4
             k["double_quant"] = as_bool(where, "quant_config.double_quantization", quant.get("double_quantization", True))
         elif bits is not None:
             notes.append(f"{where}: quant_config.quantization_bit={shown(bits)}: not modelled: {bits}-bit weights "
