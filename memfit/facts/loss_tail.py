@@ -40,6 +40,8 @@ def loss_tail(s, logits_bytes: int) -> Tail:
     measured on takes the largest measured family's bytes: a guess toward more memory (`notes` says so)."""
     families = _families(s)
     column = ("bf16" if logits_bytes == 2 else "fp32") + ("_inplace_ce" if s.loss == "inplace_ce" else "")
+    if column == "bf16" and s.autocast:  # autocast's cross entropy copies 16-bit logits to fp32 (GPT-2 style, < 4.48)
+        column = "bf16_autocast"
     if s.model.arch in families:
         return tuple(families[s.model.arch][column])
     return max((tuple(f[column]) for f in families.values()), key=lambda t: (t[0], t[2]))

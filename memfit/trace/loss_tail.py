@@ -7,7 +7,9 @@ For each family a one-layer model with labels runs forward and backward on the C
 The bytes that grow with tokens x vocabulary (the logits, their fp32 copy, a shifted copy, log_softmax's
 output, their gradients) are isolated by the mixed difference over two token counts and two vocabularies:
 every term that grows with only one of them (weights, their gradients, the layer's activations) cancels.
-Reported per logit element, for the model in bf16 and in fp32: the forward peak, what forward leaves alive
+Reported per logit element, for the model in bf16 and in fp32, and for the bf16 model's forward under autocast
+with CUDA's op lists (where a release's loss does not upcast by itself, autocast's cross entropy takes an fp32
+copy and writes an fp32 log_softmax): the forward peak, what forward leaves alive
 for backward, and the backward peak. Run it under another transformers release (its own venv; memfit's
 trace package imports nothing of transformers') to get that release's facts: this is how the loss of older
 releases, which upcast and copied the logits in the model's forward, is known rather than guessed.
@@ -26,6 +28,7 @@ from contextlib import contextmanager
 import torch
 
 from memfit.trace.accountant import Accountant
+from memfit.trace.autocast import CudaAutocastPolicy
 
 ROWS = 2  # one row would hide the shifted copy: the slice of a single row is already contiguous
 TOKENS = (64, 128)  # per row; small enough to run on a CPU in seconds
@@ -111,14 +114,17 @@ def _patched_cross_entropy():
             m.CrossEntropyLoss = original
 
 
-def _step(family: str, tokens: int, vocab: int, dtype: torch.dtype, inplace: bool = False) -> tuple[int, int, int]:
-    """(forward peak, alive after forward, backward peak) of the tracked bytes of one training step."""
+def _step(family: str, tokens: int, vocab: int, dtype: torch.dtype, inplace: bool = False,
+          autocast: bool = False) -> tuple[int, int, int]:
+    """(forward peak, alive after forward, backward peak) of the tracked bytes of one training step; `autocast`:
+    the forward in a bf16 autocast region with CUDA's op lists, as HF Trainer's mixed precision runs it."""
     model = _model(family, vocab, dtype)
     ids = torch.randint(1, vocab, (ROWS, tokens))
     acc = Accountant()
-    with (_patched_cross_entropy() if inplace else _no_patch()), acc:
+    with (_patched_cross_entropy() if inplace else _no_patch()), CudaAutocastPolicy(), acc:
         acc.enter_phase("forward")
-        loss = model(input_ids=ids, labels=ids).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = model(input_ids=ids, labels=ids).loss
         after_forward = acc.live_bytes
         acc.enter_phase("backward")
         loss.backward()
@@ -130,11 +136,11 @@ def _no_patch():
     yield
 
 
-def per_logit(family: str, dtype: torch.dtype, inplace: bool = False) -> dict[str, float]:
+def per_logit(family: str, dtype: torch.dtype, inplace: bool = False, autocast: bool = False) -> dict[str, float]:
     """Bytes per (token x vocabulary) element: the mixed difference of `_step` over TOKENS x VOCABS."""
     (n1, n2), (v1, v2) = TOKENS, VOCABS
     _model(family, VOCABS[0], dtype)  # imports the family's modeling module, so its names can be patched
-    runs = {(n, v): _step(family, n, v, dtype, inplace) for n in TOKENS for v in VOCABS}
+    runs = {(n, v): _step(family, n, v, dtype, inplace, autocast) for n in TOKENS for v in VOCABS}
     mixed = [runs[n2, v2][i] - runs[n1, v2][i] - runs[n2, v1][i] + runs[n1, v1][i] for i in range(3)]
     area = ROWS * (n2 - n1) * (v2 - v1)
     return {k: round(m / area, 2) for k, m in zip(("forward_peak", "saved", "backward_peak"), mixed)}
@@ -142,7 +148,8 @@ def per_logit(family: str, dtype: torch.dtype, inplace: bool = False) -> dict[st
 
 def facts(families: list[str]) -> dict[str, dict[str, dict[str, float]]]:
     return {f: {"bf16": per_logit(f, torch.bfloat16), "fp32": per_logit(f, torch.float32),
-                "bf16_inplace_ce": per_logit(f, torch.bfloat16, True), "fp32_inplace_ce": per_logit(f, torch.float32, True)}
+                "bf16_inplace_ce": per_logit(f, torch.bfloat16, True), "fp32_inplace_ce": per_logit(f, torch.float32, True),
+                "bf16_autocast": per_logit(f, torch.bfloat16, autocast=True)}
             for f in families}
 
 

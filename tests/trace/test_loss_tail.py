@@ -58,8 +58,34 @@ def test_an_older_release_is_estimated_with_its_own_row():
     new = _logits(_scenario(), N, V, 2)
     old = _logits(_scenario(versions={"transformers": "4.44.2"}), N, V, 2)
     assert old[0] == N * V * 12 > new[0] == N * V * 10  # fp32 upcast in the forward, then a shifted fp32 copy
-    bloom_old = _logits(_scenario("bigscience/bloomz-7b1", versions={"transformers": "4.44.2"}), N, V, 2)
+    bloom = dict(model="bigscience/bloomz-7b1", versions={"transformers": "4.44.2"})
+    bloom_old = _logits(_scenario(**bloom, autocast=False), N, V, 2)
     assert bloom_old[0] < new[0]  # GPT-2-style families (BLOOM) kept 16-bit logits and a 16-bit log_softmax then
+    # ... which autocast's cross entropy turns into an fp32 copy and an fp32 log_softmax (HF Trainer's bf16=True)
+    assert _logits(_scenario(**bloom, autocast=True), N, V, 2)[0] == N * V * 12 > bloom_old[0]
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_autocast_changes_nothing_where_the_loss_upcasts_by_itself(family):
+    """The pinned release's loss upcasts the logits itself: under autocast the row is the same, re-measured."""
+    pytest.importorskip("transformers")
+    import torch
+
+    from memfit.trace.loss_tail import per_logit
+
+    row = _table()[PINNED]["families"][family]
+    measured = per_logit(family, torch.bfloat16, autocast=True)
+    assert [measured["forward_peak"], measured["saved"], measured["backward_peak"]] == row["bf16_autocast"] == row["bf16"]
+    s = _scenario(autocast=True)
+    s = replace(s, model=replace(s.model, arch=family, logit_softcap=False))
+    assert [x / (N * V) for x in _logits(s, N, V, 2)] == row["bf16_autocast"]
+
+
+def test_every_release_has_each_column_for_each_family():
+    columns = {"bf16", "fp32", "bf16_inplace_ce", "fp32_inplace_ce", "bf16_autocast"}
+    for release, block in _table().items():
+        for family, row in block["families"].items():
+            assert set(row) == columns, (release, family)
 
 
 def test_the_release_and_a_guessed_family_are_said_under_assumed():
