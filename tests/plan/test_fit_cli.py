@@ -96,3 +96,16 @@ def test_fit_rewrites_an_openrlhf_dpo_command_with_flash_attention(tmp_path, cap
     capsys.readouterr()
     assert main(["estimate", "--from", str(written), *A100_NODE, "--json"]) == 0
     assert '"verdict": "oom"' not in capsys.readouterr().out
+
+
+def test_fit_again_into_the_same_out_folder_keeps_the_file_it_created_there(tmp_path, capsys):
+    """A plan that needs a new DeepSpeed JSON writes it into --out; a second fit there finds it, not the user's."""
+    v1 = Path(__file__).resolve().parents[1] / "formats" / "llamafactory_v1_examples" / "freeze_sft.yaml"
+    args = ["fit", str(v1), "--gpu-mem", "10GiB", "--out", str(tmp_path)]
+    assert main(args) == 0
+    created = [p for p in tmp_path.iterdir() if p.suffix == ".json"]
+    assert created, capsys.readouterr().out
+    before = {p: p.read_text() for p in tmp_path.iterdir()}
+    assert main(args) == 0, capsys.readouterr().err
+    assert "already holds this" in capsys.readouterr().out
+    assert {p: p.read_text() for p in tmp_path.iterdir()} == before

@@ -28,7 +28,8 @@ def fit_files(imported, paths: list, gpus: int, out: Path | None) -> FitFiles:
     if imported.format == "launch":
         return _launch_files(paths, gpus, out)
     return FitFiles(sayable(imported), lambda knobs: write_config_files(imported, knobs, out),
-                    lambda files: reread(imported, files), lambda files, path: _target(out, path))
+                    lambda files: reread(imported, files),
+                    lambda files, path: _target(out, path, new=any(f.path == path and f.old_text is None for f in files)))
 
 
 def _launch_files(paths: list, gpus: int, out: Path | None) -> FitFiles:
@@ -42,9 +43,10 @@ def _launch_files(paths: list, gpus: int, out: Path | None) -> FitFiles:
                     read=launch.files)
 
 
-def _target(out: Path | None, path: Path) -> Path:
-    """Where a rewritten file goes; --out must not name the file itself (that is --in-place, with its backup)."""
-    if out is None:
+def _target(out: Path | None, path: Path, new: bool = False) -> Path:
+    """Where a rewritten file goes; --out must not name the file itself (that is --in-place, with its backup). A new
+    file (a DeepSpeed JSON the plan needs) is already named in --out: an earlier fit there may have written it."""
+    if out is None or new:
         return Path(path)
     target = Path(out) / Path(path).name
     if target.exists() and Path(path).exists() and os.path.samefile(target, path):
