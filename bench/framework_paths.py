@@ -54,5 +54,32 @@ def torchtune_group() -> dict:
     return _summary(errors, doc["versions"])
 
 
+def torchtune_distributed_group() -> dict:
+    """torchtune's FSDP2 recipes run for real on 2 gloo ranks (bench/torchtune_distributed.py keeps the measurements):
+    the allocated step peak per rank, estimate vs measured."""
+    spec = importlib.util.spec_from_file_location("torchtune_distributed_bench", HERE / "torchtune_distributed.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    if not bench.SAVED.exists():
+        return _summary([], {})
+    rows, versions = bench.saved_rows()
+    return _summary([abs(r["error_pct"]) for r in rows], versions)
+
+
+def litgpt_distributed_group() -> dict:
+    """LitGPT's finetune scripts on 2 devices, their own Fabric strategies run for real on 2 gloo ranks
+    (bench/litgpt_distributed.py keeps the measurements): the allocated step peak per rank, estimate vs measured."""
+    spec = importlib.util.spec_from_file_location("litgpt_distributed_bench", HERE / "litgpt_distributed.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    if not bench.MEASURED.exists():
+        return _summary([], {})
+    doc = json.loads(bench.MEASURED.read_text())
+    errors = [abs(err) for *_, err in bench.compare(bench.ROWS, doc["rows"])]
+    return _summary(errors, doc["versions"])
+
+
 def framework_groups() -> dict:
-    return {"framework:litgpt": litgpt_group(), "framework:torchtune": torchtune_group()}
+    return {"framework:litgpt": litgpt_group(), "framework:torchtune": torchtune_group(),
+            "framework:torchtune-distributed": torchtune_distributed_group(),
+            "framework:litgpt-distributed": litgpt_distributed_group()}

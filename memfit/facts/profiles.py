@@ -170,7 +170,7 @@ def _own_model_code(fw: Framework, model: ModelSpec, hardware: Hardware, values:
         given["engine"] = several["engine"]
         assumed.append(f"engine={several['engine']} ({fw.name} on several devices)")
         for knob in ("checkpointing", "reentrant"):
-            if knob not in given:
+            if knob in several and knob not in given:  # torchtune keeps its one-device checkpointing key
                 values[knob] = several[knob]
                 assumed[:] = [a for a in assumed if not a.startswith(f"{knob}=")]  # the one-device default it replaces
                 assumed.append(f"{knob}={several[knob]} ({fw.name} on several devices)")

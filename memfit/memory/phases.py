@@ -31,7 +31,9 @@ def _static(ms: ModelStates, runtime: int, grads: int = 0, optimizer: int | None
     }
 
 
-def _forward(ms: ModelStates, act: Activations, runtime: int) -> Breakdown:
+def _forward(ms: ModelStates, act: Activations, runtime: int, model_logits: int = 0) -> Breakdown:
+    if ms.gathered_loss is not None:
+        return _forward_loss_after_root(ms, act, runtime, model_logits)
     parts = _static(ms, runtime, grads=ms.grads_between_steps)
     parts["weights"] += ms.gathered_forward + ms.autocast_cache
     in_layer = act.saved_total - act.outside_layers + act.layer_forward_transient
@@ -48,7 +50,22 @@ def _forward(ms: ModelStates, act: Activations, runtime: int) -> Breakdown:
     return Breakdown(parts)
 
 
-def _backward(ms: ModelStates, act: Activations, runtime: int, head_grads: int) -> Breakdown:
+def _forward_loss_after_root(ms: ModelStates, act: Activations, runtime: int, model_logits: int) -> Breakdown:
+    """FSDP2 under a loop whose loss runs on the logits the model returned (torchtune): the largest of a layer
+    running (its units and the root gathered), the output projection (the root gathered, the model's logits made)
+    and the loss (only what the strategy keeps gathered)."""
+    parts = _static(ms, runtime, grads=ms.grads_between_steps)
+    # a loop that keeps the previous step's logits until the next forward returns (LitGPT) has them while a layer runs
+    moments = [dict(parts, weights=parts["weights"] + ms.gathered_forward, logits_loss=act.logits_kept,
+                    activations=act.saved_total - act.outside_layers + act.layer_forward_transient),
+               dict(parts, weights=parts["weights"] + ms.gathered_head, activations=act.saved_total,
+                    logits_loss=model_logits),
+               dict(parts, weights=parts["weights"] + ms.gathered_loss, activations=act.saved_total,
+                    logits_loss=act.logits_forward_peak)]
+    return max((Breakdown(p) for p in moments), key=lambda b: b.total)
+
+
+def _backward(ms: ModelStates, act: Activations, runtime: int, head_grads: int, logits_grad_out: int = 0) -> Breakdown:
     """The largest of: backward's start (loss gradients over every saved activation), its end (all
     gradients, the first layer recomputed and differentiated), and, where an engine reduces gradients
     in flight, the head's reduction (activations still saved) and the last one (activations gone)."""
@@ -64,8 +81,16 @@ def _backward(ms: ModelStates, act: Activations, runtime: int, head_grads: int) 
                  activations=act.saved_total, logits_loss=loss_part)
     if act.logits_grad + head_grads > act.logits_backward_peak:
         start.update(gradients=ms.grads_between_steps + head_grads, logits_loss=act.logits_grad)
+    sharded = base["weights"] - ms.gathered_backward
+    if ms.gathered_backward_start is not None:  # the loss backward runs before the root's pre-backward gathers it
+        start = max((dict(start, weights=sharded + ms.gathered_loss, gradients=ms.grads_between_steps,
+                          logits_loss=act.logits_backward_peak),
+                     dict(start, weights=sharded + ms.gathered_backward_start,
+                          gradients=ms.grads_between_steps + head_grads, logits_loss=act.logits_grad)),
+                    key=lambda p: sum(p.values()))
     last_layer_alive = act.layer_checkpoint if act.checkpointed_layers else act.layer_saved
-    end = dict(base, gradients=max(ms.grads_after_backward, ms.grads_between_steps) + ms.grads_unreduced,
+    reduced = ms.grads_after_backward if ms.grads_at_end is None else ms.grads_at_end
+    end = dict(base, gradients=max(reduced, ms.grads_between_steps) + ms.grads_unreduced,
                activations=max(last_layer_alive + act.recompute + act.layer_backward_transient + act.shared_masks,
                                act.embedding_transient))  # PEFT trainable tokens: the embedding's V x H gradient
     first_layer = dict(base, weights=base["weights"] + saved_casts - ms.autocast_cache_head,
@@ -74,6 +99,9 @@ def _backward(ms: ModelStates, act: Activations, runtime: int, head_grads: int) 
                        activations=act.saved_total - act.outside_layers + act.output_grad
                        + max(act.recompute + act.layer_backward_transient, act.layer_forward_transient))
     moments = [start, end, first_layer]
+    if ms.regather:  # the root group all-gathered again as the logits' gradient reaches the model's output
+        moments.append(dict(base, weights=sharded + ms.regather,
+                            gradients=ms.grads_between_steps, activations=act.saved_total, logits_loss=logits_grad_out))
     if ms.head_reduce:
         moments.append(dict(base, weights=base["weights"] + saved_casts, activations=act.saved_total,
                             gradients=ms.grads_between_steps + ms.head_reduce))
@@ -101,6 +129,16 @@ def _head_grads(s: Scenario, tensors: list[ParamTensor]) -> int:
     return engine_of(s).head_grads_held(s, sum(t.total * trainable_dtype_bytes(s, t) for t in head))
 
 
+def _model_logits(s: Scenario, grad: bool = False) -> int:
+    """The logits a torchtune model returns (chunked: the output projection's bf16 chunks; else
+    `self.output(h).float()`, the bf16 logits alive beside their fp32 cast), or their gradient as it reaches the
+    model's output (the chunked loss casts each chunk's gradient back to the chunk's dtype; transformer.py)."""
+    n, v, b = s.micro_batch * s.seq_len, s.model.vocab_size, s.compute_bytes
+    if s.loss == "chunked_output":
+        return n * v * b
+    return n * v * 4 if grad else n * v * (b + 4)
+
+
 def allocated_profile(s: Scenario, tensors: list[ParamTensor], ms: ModelStates, act: Activations) -> PhaseProfile:
     runtime = overheads.cublas_workspace(s.hardware.gpu)
     # the fp32 master (one of the optimizer's three fp32 copies) exists once the engine starts
@@ -109,8 +147,9 @@ def allocated_profile(s: Scenario, tensors: list[ParamTensor], ms: ModelStates, 
     steady = Breakdown(_static(ms, runtime))
     return PhaseProfile({
         "load": load,
-        "forward": _forward(ms, act, runtime),
-        "backward": _backward(ms, act, runtime, _head_grads(s, tensors)),
+        "forward": _forward(ms, act, runtime, _model_logits(s)),
+        "backward": _backward(ms, act, runtime, _head_grads(s, tensors) if ms.head_grads is None else ms.head_grads,
+                              _model_logits(s, grad=True)),
         "optimizer_step": _optimizer_step(ms, runtime, act.logits_kept),
         "checkpoint_save": steady,
         "resume": steady,

@@ -18,7 +18,9 @@ def _model_code(profile: str) -> dict:
 
 
 @pytest.mark.parametrize("name, group", [("litgpt", framework_paths.litgpt_group),
-                                         ("torchtune", framework_paths.torchtune_group)])
+                                         ("torchtune", framework_paths.torchtune_group),
+                                         ("torchtune", framework_paths.torchtune_distributed_group)],
+                         ids=["litgpt", "torchtune", "torchtune-distributed"])
 def test_each_framework_path_is_within_5_percent_of_its_own_code(name, group):
     g = group()
     assert g["rows"] >= 8, g
@@ -30,4 +32,4 @@ def test_accuracy_reports_the_framework_groups():
     import accuracy
 
     groups = accuracy.group_summaries([])
-    assert {"framework:litgpt", "framework:torchtune"} <= set(groups)
+    assert {"framework:litgpt", "framework:torchtune", "framework:torchtune-distributed"} <= set(groups)

@@ -42,6 +42,16 @@ class ModelStates:
     weights: int = 0  # resident between steps (partitions, replicas, frozen base, quantized storage)
     gathered_forward: int = 0  # ZeRO-3 / FSDP params gathered while computing (forward)
     gathered_backward: int = 0  # ... and in backward
+    # FSDP2 when the loss runs after the model returned (torchtune): gathered while the loss runs (None: as in
+    # forward), at the output projection, at backward's start after the root's all-gather, and during that all-gather
+    gathered_loss: int | None = None
+    gathered_head: int = 0
+    gathered_backward_start: int | None = None
+    regather: int = 0
+    head_grads: int | None = None  # the output head's gradient bytes held from backward's start (None: by its params)
+    # sharded gradients already reduced while backward's last layers run (None: all of grads_after_backward; FSDP with
+    # the root gathered reduces the root last and the last layers' gradients after them)
+    grads_at_end: int | None = None
     autocast_cache: int = 0  # bf16 copies of fp32 weights cached during forward (docs/knobs.md H.4)
     autocast_cache_head: int = 0  # ... of which the output head's, saved for backward even under checkpointing
     grads_between_steps: int = 0  # gradient storage that exists during forward

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from memfit.facts.engines import engine_of
+from memfit.facts.frameworks import model_code
 from memfit.memory.inventory import ParamTensor
+from memfit.memory.states import fsdp_units
 from memfit.memory.states.common import (HostBuffer, ModelStates, frozen_bytes, layer_elements, quantized_bytes,
                                          torch_optimizer, trainable_dtype_bytes)
 
@@ -14,6 +16,37 @@ def _gathered_layer_bytes(s, tensors: list[ParamTensor]) -> float:
     per = [t.total * (quantized_bytes(s) if t.quantized else s.compute_bytes) for t in tensors if t.per_layer]
     outside = [t.total * s.compute_bytes for t in tensors if not t.per_layer]
     return max(sum(per) / max(s.model.num_layers, 1), max(outside, default=0))
+
+
+def _unsharded_bytes(s, tensors: list[ParamTensor]) -> int:
+    """Every parameter unsharded, in the dtype FSDP2 all-gathers it (packed quantized linears, else the compute
+    dtype). fully_shard keeps each sharded parameter and makes the unsharded one a separate storage
+    (_fsdp_param.py: `_sharded_param_data` vs `init_all_gather_outputs`), so this comes on top of the shards."""
+    return int(sum(t.total * (quantized_bytes(s) if t.quantized else s.compute_bytes) for t in tensors))
+
+
+def _root_bytes(s, tensors: list[ParamTensor]) -> int:
+    """The root group unsharded: what fully_shard on the whole model collects outside the layer units (embedding,
+    final norm, an untied head)."""
+    return int(sum(t.total * s.compute_bytes for t in tensors if not t.per_layer))
+
+
+def _loss_after_root(s, tensors: list[ParamTensor], ms: ModelStates) -> None:
+    """A recipe whose loss runs on the logits the model returned (torchtune, its profile's [model_code.several_devices]
+    `loss_after_root_reshard`), the root group its own unit resharded after forward: the root is gathered through
+    the model's forward (the output projection its last op), nothing while the loss runs, gathered again at backward's
+    start (the flat all-gather buffer and its copy-out both alive) and kept until its post-backward (measured,
+    bench/torchtune_distributed.py)."""
+    root, layers = _root_bytes(s, tensors), max(s.model.num_layers, 1)
+    layer = int(sum(t.total * (quantized_bytes(s) if t.quantized else s.compute_bytes)
+                    for t in tensors if t.per_layer) / layers)
+    if s.fsdp_strategy == "shard_grad_op":  # nothing is resharded before backward ends
+        ms.gathered_loss = ms.gathered_head = ms.gathered_backward_start = ms.gathered_forward
+        return
+    ms.gathered_forward = ms.gathered_backward = root + 2 * layer  # the running layer + the one prefetched
+    ms.gathered_loss, ms.gathered_head = 0, root
+    ms.gathered_backward_start = root + layer  # the root back, the last layer prefetched
+    ms.regather = 2 * root
 
 
 def _root_reduce(s, trainable: list[ParamTensor]) -> int:
@@ -47,8 +80,13 @@ def states(s, tensors: list[ParamTensor]) -> ModelStates:
         step_temporaries=temps // n,
         paged_optimizer=paged // n,
     )
-    if s.fsdp_strategy == "shard_grad_op":
-        ms.gathered_backward = ms.gathered_forward = int(frozen + grads) - ms.weights
+    if s.fsdp_strategy == "shard_grad_op":  # every unit stays gathered from its forward to its backward
+        ms.gathered_backward = ms.gathered_forward = _unsharded_bytes(s, tensors)
+    # only the recipes' own losses run on the returned logits (a fused loss takes the head's weight itself)
+    if (model_code(s.profile).get("several_devices", {}).get("loss_after_root_reshard")
+            and s.loss in ("chunked_output", "standard")):
+        _loss_after_root(s, tensors, ms)
+    fsdp_units.apply(s, tensors, ms, n)  # a framework's own wrapping (LitGPT: the root kept, FSDP1 flat units)
     # each rank saves and torch.loads its own shards (sharded state dict): params + optimizer (FINDINGS.md)
     ms.resume_host = ms.weights + ms.optimizer
     if s.fsdp_cpu_offload:
