@@ -18,6 +18,7 @@ from memfit.facts.recompute import Recompute
 from memfit.memory.own_code import (code_logits, fused_qkv, fused_qkv_rest, prompt_layer_extra, prompt_layers,
                                     scaled_head)
 from memfit.memory.int8_base import outlier_bytes
+from memfit.memory.remote_code import adjusted as remote_code_adjusted
 from memfit.memory.inventory import ParamTensor, feedforward, prompt_adapter
 from memfit.memory.unsloth_loss import loss_terms as unsloth_loss_terms
 from memfit.memory.unsloth_offload import unsloth_offload
@@ -341,7 +342,7 @@ def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
     scaled = scaled_head(s, n, v)  # LitGPT's LLaMA-Adapter v2 head
     h = m.hidden_size
     rows_saved, head_copy, head_grad, embedding = _token_rows(s, n * b * m.hidden_size)
-    return Activations(
+    return remote_code_adjusted(s, Activations(  # a remote-code family's own code (memory/remote_code.py)
         layer_saved=layer_saved,
         layer_checkpoint=0 if offloaded else checkpoint,
         checkpointed_layers=ckpt_layers,
@@ -362,7 +363,7 @@ def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
         logits_kept=own.kept if own else 0,
         host_offloaded=(smart.host if smart else checkpoint * ckpt_layers) if offloaded else 0,
         embedding_transient=embedding,
-    )
+    ), (per_key_saved, per_key_transient, _backward_per_key(s)))  # the count's attention terms per key
 
 
 def _token_rows(s: Scenario, output: int) -> tuple[int, int, int, int]:

@@ -14,6 +14,7 @@ from memfit.facts.methods import method_facts, run_methods, several_models
 from memfit.facts.scenario import Scenario
 from memfit.memory.inventory import count_params
 from memfit.memory.phases import verdict_of
+from memfit.memory.remote_code import notes as remote_code_notes
 from memfit.roles import one_process, ray
 from memfit.roles.result import Estimate
 
@@ -39,6 +40,8 @@ def estimate(s: Scenario) -> Estimate:
 
 
 def _kernel_assumptions(s: Scenario) -> list[str]:
+    if remote_code_notes(s):  # a hub remote-code family traced on its own modeling file
+        return remote_code_notes(s)
     if s.attention == "sdpa" and s.model.sdpa_math:
         return ["SDPA runs torch's math kernel (fp32 scores per head kept for backward): transformers' modeling code "
                 "hands it k/v heads the fused kernels refuse (traced); a framework with its own model code may not"]
