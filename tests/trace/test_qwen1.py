@@ -104,3 +104,19 @@ def test_facts_rederive_from_the_file():
     done = subprocess.run([sys.executable, "-m", "memfit.trace.qwen1_facts", "--check"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+
+
+def test_fsdp_takes_the_autocast_facts():
+    """accelerate runs FSDP's forward under autocast (docs/knobs.md H.5), which memfit's FSDP engine leaves out; the
+    file's 16-bit loss without autocast would lower the estimate, so FSDP takes the autocast facts, DeepSpeed not."""
+    from memfit.facts.catalog import find_gpu, find_model
+    from memfit.facts.profiles import build_scenario
+    from memfit.facts.scenario import Hardware
+    from memfit.memory.remote_code import _setup
+
+    hw = Hardware(gpu=find_gpu("a100-80gb"), gpus_per_node=2)
+    knobs = {"tuning": "lora", "precision": "bf16-mixed", "seq_len": 1024}
+    fsdp = build_scenario(find_model("Qwen/Qwen-7B"), hw, {**knobs, "fsdp_strategy": "full_shard"})
+    zero = build_scenario(find_model("Qwen/Qwen-7B"), hw, {**knobs, "zero_stage": 2})
+    assert not fsdp.runs_autocast and not zero.runs_autocast
+    assert _setup(fsdp) == derived("qwen")["autocast"] and _setup(zero) == derived("qwen")["plain"]
