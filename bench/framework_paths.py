@@ -79,7 +79,21 @@ def litgpt_distributed_group() -> dict:
     return _summary(errors, doc["versions"])
 
 
+def qwen1_group() -> dict:
+    """Qwen-1's finetune.py settings on its own hub modeling_qwen.py, traced (bench/qwen1.py keeps the traces): the
+    step's allocated peak, estimate vs trace."""
+    spec = importlib.util.spec_from_file_location("qwen1_bench", HERE / "qwen1.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    if not bench.OUT.exists():
+        return _summary([], {})
+    doc = json.loads(bench.OUT.read_text())
+    errors = [abs(100 * row[-1]) for row in bench.table(doc)]
+    return _summary(errors, {"transformers": doc["transformers"], "torch": doc["torch"],
+                             "modeling_qwen.py": doc["source"]["commit"][:10]})
+
+
 def framework_groups() -> dict:
     return {"framework:litgpt": litgpt_group(), "framework:torchtune": torchtune_group(),
             "framework:torchtune-distributed": torchtune_distributed_group(),
-            "framework:litgpt-distributed": litgpt_distributed_group()}
+            "framework:litgpt-distributed": litgpt_distributed_group(), "framework:qwen1": qwen1_group()}

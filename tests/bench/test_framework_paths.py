@@ -28,8 +28,18 @@ def test_each_framework_path_is_within_5_percent_of_its_own_code(name, group):
     assert g["versions"][name] == _model_code(name)[name], "the kept traces are of another release: re-trace them"
 
 
+def test_qwen1_is_within_5_percent_of_its_own_modeling_file():
+    from memfit.facts.remote_code import remote_code
+
+    g = framework_paths.qwen1_group()
+    assert g["rows"] >= 8 and g["max_abs_pct_error"] <= 5.0, g
+    traced = remote_code("qwen")["traced"]  # the kept traces and the shipped facts come from the same libraries
+    assert g["versions"]["transformers"] == traced["transformers"], "re-trace: python bench/qwen1.py --trace"
+
+
 def test_accuracy_reports_the_framework_groups():
     import accuracy
 
     groups = accuracy.group_summaries([])
-    assert {"framework:litgpt", "framework:torchtune", "framework:torchtune-distributed"} <= set(groups)
+    assert {"framework:litgpt", "framework:torchtune", "framework:torchtune-distributed",
+            "framework:qwen1"} <= set(groups)
