@@ -93,7 +93,22 @@ def qwen1_group() -> dict:
                              "modeling_qwen.py": doc["source"]["commit"][:10]})
 
 
+def glm4_group() -> dict:
+    """GLM-4-9B-chat's OpenRLHF DPO step on its own hub modeling_chatglm.py, traced (bench/glm4.py keeps the
+    traces): the step's allocated peak (weights, grads, optimizer, activations, logits), estimate vs trace."""
+    spec = importlib.util.spec_from_file_location("glm4_bench", HERE / "glm4.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    if not bench.OUT.exists():
+        return _summary([], {})
+    doc = json.loads(bench.OUT.read_text())
+    errors = [abs(100 * row[-1]) for row in bench.table(doc)]
+    return _summary(errors, {"transformers": doc["transformers"], "torch": doc["torch"],
+                             "modeling_chatglm.py": doc["source"]["commit"][:10]})
+
+
 def framework_groups() -> dict:
     return {"framework:litgpt": litgpt_group(), "framework:torchtune": torchtune_group(),
             "framework:torchtune-distributed": torchtune_distributed_group(),
-            "framework:litgpt-distributed": litgpt_distributed_group(), "framework:qwen1": qwen1_group()}
+            "framework:litgpt-distributed": litgpt_distributed_group(), "framework:qwen1": qwen1_group(),
+            "framework:glm4": glm4_group()}

@@ -18,6 +18,7 @@ from memfit.facts.knobs import acting_when, inert_because, knobs
 from memfit.facts.loss_tail import notes as loss_notes
 from memfit.facts.runtime import default_runtime
 from memfit.facts.methods import several_models
+from memfit.facts.remote_code import ignored_checkpointing
 from memfit.facts.scenario import Hardware, Scenario
 from memfit.facts.versions import pinned
 
@@ -147,6 +148,9 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
                  **values)
     notes = [text for name, text in moved.items() if inert_because(s, name) is None]  # only where it acts
     notes += _inert(s, given, typed) + _beyond_positions(s) + _machine(hardware) + loss_notes(s)
+    ignored = ignored_checkpointing(s.model.arch, profile_name) if s.checkpointing != "off" else None
+    if ignored:  # a remote-code file that never turns the checkpointing the framework asks for on
+        s, notes = replace(s, checkpointing="off"), notes + [ignored]
     return replace(s, assumed=s.assumed + tuple(notes)) if notes else s
 
 

@@ -1,9 +1,11 @@
 """A hub remote-code family's own modeling code, where it holds what the transformers-shaped count does not
-(data/remote_code.toml, traced on the family's own file: memfit/trace/qwen1_facts.py for Qwen-1).
+(data/remote_code.toml, traced on the family's own file: memfit/trace/qwen1_facts.py for Qwen-1,
+memfit/trace/glm4_facts.py for GLM-4, whose differences are in memory/remote_chatglm.py).
 
 memory/activations.py counts what transformers' modeling code saves; `adjusted` moves that count to the family's
 own code. Applied on the setups the facts were traced on (the transformers-run profiles, a bf16 module with or
-without autocast; SDPA and the file's `_attn`) and nowhere else: its flash-attn branch was not traced.
+without autocast as traced per family; SDPA and the file's eager path) and nowhere else: flash branches were not
+traced.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from dataclasses import replace
 from memfit.facts.frameworks import model_code
 from memfit.facts.remote_code import derived
 from memfit.facts.scenario import Scenario
+from memfit.memory import remote_chatglm
 
 
 def _setup(s: Scenario) -> dict:
@@ -32,6 +35,8 @@ def adjusted(s: Scenario, act, per_key: tuple[int, int, int] = (0, 0, 0)):
     d = _setup(s)
     if not d:
         return act
+    if s.model.arch == "chatglm":
+        return replace(act, **remote_chatglm.changes(s, act, d))
     m, b = s.model, s.compute_bytes
     n, rows, t = s.tokens_per_micro_batch, s.micro_batch, s.seq_len
     changes: dict = {}
@@ -80,6 +85,8 @@ def notes(s: Scenario) -> list[str]:
     if not _setup(s):
         return []
     src = table["source"]
+    if s.model.arch == "chatglm":
+        return [remote_chatglm.note(s, src)]
     said = (f"{s.model.arch}: activations and loss as traced on its own {src['path']} ({src['repo']}@"
             f"{src['commit'][:10]}, file of {src['file_date']}; data/remote_code.toml)")
     if s.attention == "sdpa":

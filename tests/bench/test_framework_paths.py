@@ -37,9 +37,18 @@ def test_qwen1_is_within_5_percent_of_its_own_modeling_file():
     assert g["versions"]["transformers"] == traced["transformers"], "re-trace: python bench/qwen1.py --trace"
 
 
+def test_glm4_is_within_5_percent_of_its_own_modeling_file():
+    from memfit.facts.remote_code import remote_code
+
+    g = framework_paths.glm4_group()
+    assert g["rows"] >= 8 and g["max_abs_pct_error"] <= 5.0, g
+    assert g["versions"]["transformers"] == remote_code("chatglm")["traced"]["transformers"], \
+        "re-trace: python bench/glm4.py --trace"
+
+
 def test_accuracy_reports_the_framework_groups():
     import accuracy
 
     groups = accuracy.group_summaries([])
     assert {"framework:litgpt", "framework:torchtune", "framework:torchtune-distributed",
-            "framework:qwen1"} <= set(groups)
+            "framework:qwen1", "framework:glm4"} <= set(groups)
