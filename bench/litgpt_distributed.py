@@ -1,11 +1,12 @@
 """`memfit estimate --profile litgpt` on 2 devices vs LitGPT's own several-device finetuning run for real on 2 gloo ranks.
 
     python bench/litgpt_distributed.py              # table from bench/litgpt_distributed.json (no venv needed)
-    python bench/litgpt_distributed.py --remeasure  # run every row again in LitGPT's venv (about 3 minutes on 2 cores)
+    python bench/litgpt_distributed.py --remeasure  # run every row again in LitGPT's venv (about 8 minutes on 2 cores)
 
 Each row runs, on 2 CPU ranks with gloo, what litgpt 0.5.13 finetune/{lora,full,adapter,adapter_v2}.py do with
 devices > 1 (memfit/measure/litgpt_ranks.py): the script's own Fabric strategy (lora: ModelParallelStrategy with
-litgpt's parallelize_fn, FSDP2; the others: FSDPStrategy, FSDP1, every Block checkpointed), bf16-true, AdamW, three
+litgpt's parallelize_fn, FSDP2; the others: FSDPStrategy, FSDP1, every Block checkpointed), bf16-true and bf16-mixed
+(the scripts' default; its forward under CUDA's autocast op lists on the CPU), AdamW, three
 steps of the script's loop (forward, chunked_cross_entropy, fabric.backward, step, zero_grad) after fit()'s two
 validation batches; memfit.measure's tracker counts every storage per rank by category. The model is a small litgpt
 Config (Llama layout), given to memfit as the same-shaped ModelSpec; the estimate is memfit's for 2 GPUs under
@@ -48,15 +49,30 @@ ROWS = [  # LitGPT runs on 2 devices: finetune script, shape, micro-batch, lengt
     {"method": "full", "shape": "wide", "micro_batch": 1, "seq_len": 512},
     {"method": "adapter_v2", "shape": "wide", "micro_batch": 1, "seq_len": 512},
     {"method": "adapter", "shape": "wide", "micro_batch": 1, "seq_len": 512},
+    # the scripts' default precision (utils.py get_default_supported_precision(training=True)): an fp32 model, the
+    # forward under CUDA's autocast lists (litgpt_ranks.py `_cuda_autocast_on_cpu`); a row without "precision" is
+    # bf16-true
+    {"method": "lora", "shape": "tiny", "micro_batch": 2, "seq_len": 256, "precision": "bf16-mixed"},
+    {"method": "full", "shape": "tiny", "micro_batch": 2, "seq_len": 256, "precision": "bf16-mixed"},
+    {"method": "adapter_v2", "shape": "tiny", "micro_batch": 2, "seq_len": 256, "precision": "bf16-mixed"},
+    {"method": "lora", "shape": "wide", "micro_batch": 1, "seq_len": 512, "precision": "bf16-mixed"},
+    {"method": "full", "shape": "wide", "micro_batch": 1, "seq_len": 512, "precision": "bf16-mixed"},
+    {"method": "adapter_v2", "shape": "wide", "micro_batch": 1, "seq_len": 512, "precision": "bf16-mixed"},
+    {"method": "adapter", "shape": "wide", "micro_batch": 1, "seq_len": 512, "precision": "bf16-mixed"},
 ]
 TUNING = {"full": "full", "lora": "lora", "adapter": "llama_adapter", "adapter_v2": "llama_adapter_v2"}
+PRECISION = {"bf16-true": "bf16-pure", "bf16-mixed": "bf16-mixed"}  # LitGPT --precision -> memfit's (bench/litgpt.py)
 STEPS = 3
 
 
 def run_spec(row: dict) -> dict:
     """What memfit/measure/litgpt_ranks.py runs for a row."""
     return {"method": row["method"], "micro_batch": row["micro_batch"], "seq_len": row["seq_len"], "steps": STEPS,
-            "precision": "bf16-true", "config": SHAPES[row["shape"]]}
+            "precision": precision(row), "config": SHAPES[row["shape"]]}
+
+
+def precision(row: dict) -> str:
+    return row.get("precision", "bf16-true")
 
 
 def model_spec(shape: str) -> ModelSpec:
@@ -71,7 +87,7 @@ def model_spec(shape: str) -> ModelSpec:
 
 def scenario(row: dict):
     knobs = {"tuning": TUNING[row["method"]], "micro_batch": row["micro_batch"], "seq_len": row["seq_len"],
-             "precision": "bf16-pure"}
+             "precision": PRECISION[precision(row)]}
     return build_scenario(model_spec(row["shape"]), Hardware(gpu=find_gpu("a100-80gb"), gpus_per_node=2), knobs,
                           "litgpt")
 
@@ -133,7 +149,7 @@ def measured_rows(remeasure: bool = False) -> dict[str, dict]:
 
 
 def label(row: dict) -> str:
-    return f"{row['shape']} {row['method']} mb{row['micro_batch']} T{row['seq_len']}"
+    return f"{row['shape']} {row['method']} mb{row['micro_batch']} T{row['seq_len']} {precision(row)}"
 
 
 def compare(rows: list[dict], measured: dict[str, dict]) -> list[tuple[dict, int, int, float]]:

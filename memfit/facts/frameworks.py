@@ -46,3 +46,29 @@ def model_code(profile: str) -> dict:
     """The profile's [model_code] facts: how its own model code saves and allocates ({} when it runs transformers')."""
     fw = frameworks().get(profile)
     return fw.model_code if fw else {}
+
+
+def several_devices_dtypes(s) -> tuple[int, int] | None:
+    """(bytes of a shard, bytes of a gathered parameter) under a framework's own several-device strategy in mixed
+    precision, from its profile's [model_code.several_devices.mixed] (LitGPT: the model built in fp32, FSDP1's
+    MixedPrecision gathering in bf16, lora.py's FSDP2 without a MixedPrecisionPolicy gathering the fp32 params); None
+    where that does not apply (one device, another precision, a tuning or method the scripts do not run that way, a
+    profile without the facts)."""
+    several = model_code(s.profile).get("several_devices", {})
+    mixed = several.get("mixed")
+    # read for bf16-mixed (ModelParallelStrategy refuses 16-mixed), the scripts' supervised fine-tuning
+    if not mixed or s.engine != "fsdp" or s.world_size < 2 or s.precision != "bf16-mixed" or s.method != "sft":
+        return None
+    size = {"fp32": 4, "bf16": 2}
+    if s.tuning in several.get("flat_params", ()):
+        return size[mixed["model_dtype"]], size[mixed["fsdp1_mixed_precision"]["param_dtype"]]
+    if s.tuning in mixed["fsdp2"]:
+        return size[mixed["model_dtype"]], size[mixed["fsdp2_param_dtype"]]
+    return None
+
+
+def autocast_over_fp32_gathers(s) -> bool:
+    """The forward autocasts over parameters gathered in fp32 (LitGPT lora.py's FSDP2 under bf16-mixed): the module
+    runs as plain torch autocast over an fp32 model does on one device."""
+    dtypes = several_devices_dtypes(s)
+    return bool(dtypes and dtypes[1] == 4 and model_code(s.profile)["several_devices"]["mixed"]["forward_autocast"])

@@ -13,6 +13,7 @@ from memfit.errors import MemfitError
 from memfit.facts.adapters import adapter_methods, method_info, trains_adapters, wraps
 from memfit.facts.catalog import GpuSpec, ModelSpec
 from memfit.facts.engines import engine_of
+from memfit.facts.frameworks import autocast_over_fp32_gathers
 from memfit.facts.knobs import CONDITIONS, Knob, hardware, knobs
 from memfit.facts.runtime import Runtime, default_runtime
 
@@ -179,8 +180,9 @@ class _Rules:
     @property
     def frozen_fp32_in_module(self) -> bool:
         """Frozen weights live in fp32 in the module: the model was built in fp32 and plain torch runs mixed
-        precision over it (an engine that casts the module, DeepSpeed or FSDP, holds them in 16 bit)."""
-        return self.frozen_fp32 and CONDITIONS["plain_mixed"](self)
+        precision over it (an engine that casts the module, DeepSpeed or FSDP, holds them in 16 bit; a framework's FSDP
+        that gathers the fp32 params and autocasts, LitGPT lora.py's, is plain torch's case)."""
+        return self.frozen_fp32 and (CONDITIONS["plain_mixed"](self) or autocast_over_fp32_gathers(self))
 
     @property
     def tokens_per_micro_batch(self) -> int:

@@ -15,6 +15,12 @@ adapter_v2}.py` does with devices > 1:
     full), litgpt's `chunked_cross_entropy`, `fabric.backward`, `optimizer.step()`, `optimizer.zero_grad()`.
 No checkpoint is loaded (random init: the weights' values do not change what is allocated). Every storage the
 run makes is counted by memfit.measure.tracker (a TorchDispatchMode); on a CPU every tensor is "device".
+
+bf16-mixed (the scripts' default, utils.py get_default_supported_precision(training=True)): on a GPU Fabric runs the
+forward in a CUDA autocast region (FSDPPrecision.forward_context: torch.autocast("cuda"); under ModelParallelStrategy
+the connector's MixedPrecision(device="cuda")). On the CPU that region would do nothing (FSDP1) or follow the CPU's op
+lists (FSDP2), so the forward runs in a CPU bf16 region with CUDA's lists applied on top (memfit.trace.autocast
+CudaAutocastPolicy, as the single-device trace does); see `_cuda_autocast_on_cpu`.
 """
 from __future__ import annotations
 
@@ -96,6 +102,18 @@ def _patch_fsdp1(get_tracker) -> None:
         setattr(flat, name, wrap(getattr(utils, name)))
 
 
+def _cuda_autocast_on_cpu(fabric, precision: str):
+    """The forward context a GPU run of this precision would enter, on the CPU: a CPU autocast region in its place
+    (the policy entered around the whole loop makes its op lists CUDA's; it acts only inside a region, so it stays
+    on through backward, where checkpoint recomputes forward under the CPU autocast state it saved)."""
+    import torch
+
+    if "mixed" not in precision:
+        return
+    dtype = torch.bfloat16 if precision.startswith("bf16") else torch.float16
+    fabric.strategy.precision.forward_context = lambda: torch.autocast("cpu", dtype=dtype)
+
+
 def _walk(tk, gpt, optimizer) -> None:
     """Claim the sharded params (FSDP1 flat shards behind the original params, FSDP2 DTensor shards), their
     gradients and AdamW's state."""
@@ -139,6 +157,8 @@ def run_rank(run: dict) -> dict:
     fabric = L.Fabric(accelerator="cpu", devices=2, strategy=strategy_for(method), precision=run["precision"])
     fabric.launch()
     fabric.seed_everything(1337)
+    _cuda_autocast_on_cpu(fabric, run["precision"])
+    from memfit.trace.autocast import CudaAutocastPolicy
     tk = MemoryTracker(roots=ROOTS)
     # FSDP1's unsharded flat parameters are made once at its lazy init (the root's before any claim sees it) and then
     # resized between 0 and full: gathered weights
@@ -148,7 +168,7 @@ def run_rank(run: dict) -> dict:
     mb, seq = run["micro_batch"], run["seq_len"]
     from litgpt.utils import chunked_cross_entropy, instantiate_torch_optimizer
 
-    with tk:
+    with tk, CudaAutocastPolicy():
         tk.set_phase("load", 0)
         with fabric.init_module(empty_init=(fabric.world_size > 1)):
             gpt = module.GPT(config)

@@ -28,8 +28,10 @@ def code_logits(s: Scenario, n: int, v: int) -> CodeLogits | None:
     """None when the profile runs the transformers modeling code (no [model_code.logits])."""
     code = model_code(s.profile)
     rows = code.get("logits")
-    # traced on bf16-true, LitGPT's own loss (the loss knob at its default) and supervised fine-tuning
-    if not rows or s.precision != "bf16-pure" or s.loss != "standard" or s.method != "sft":
+    # traced on bf16-true, LitGPT's own loss (the loss knob at its default) and supervised fine-tuning; bf16-mixed
+    # makes the same logits (autocast's head output is bf16, Fabric's convert_output casts it to fp32 under either;
+    # measured the same on 2 ranks, bench/litgpt_distributed.py); its head's weight casts are counted with the states
+    if not rows or s.precision not in ("bf16-pure", "bf16-mixed") or s.loss != "standard" or s.method != "sft":
         return None
     kind = "full" if s.trains_whole("lm_head") else "chunked"  # full.py runs the head unchunked
     if kind == "full" and s.micro_batch > 1:  # its shifting slice is copied by the loss's reshape

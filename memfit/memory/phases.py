@@ -58,10 +58,11 @@ def _forward_loss_after_root(ms: ModelStates, act: Activations, runtime: int, mo
     # a loop that keeps the previous step's logits until the next forward returns (LitGPT) has them while a layer runs
     moments = [dict(parts, weights=parts["weights"] + ms.gathered_forward, logits_loss=act.logits_kept,
                     activations=act.saved_total - act.outside_layers + act.layer_forward_transient),
-               dict(parts, weights=parts["weights"] + ms.gathered_head, activations=act.saved_total,
+               # autocast's casts of the head's weight (an fp32 head gathered under autocast) from the head on
+               dict(parts, weights=parts["weights"] + ms.gathered_head + ms.autocast_cache, activations=act.saved_total,
                     logits_loss=model_logits),
-               dict(parts, weights=parts["weights"] + ms.gathered_loss, activations=act.saved_total,
-                    logits_loss=act.logits_forward_peak)]
+               dict(parts, weights=parts["weights"] + ms.gathered_loss + ms.autocast_cache,
+                    activations=act.saved_total, logits_loss=act.logits_forward_peak)]
     return max((Breakdown(p) for p in moments), key=lambda b: b.total)
 
 
@@ -83,21 +84,24 @@ def _backward(ms: ModelStates, act: Activations, runtime: int, head_grads: int, 
         start.update(gradients=ms.grads_between_steps + head_grads, logits_loss=act.logits_grad)
     sharded = base["weights"] - ms.gathered_backward
     if ms.gathered_backward_start is not None:  # the loss backward runs before the root's pre-backward gathers it
-        start = max((dict(start, weights=sharded + ms.gathered_loss, gradients=ms.grads_between_steps,
+        start = max((dict(start, weights=sharded + ms.gathered_loss + saved_casts, gradients=ms.grads_between_steps,
                           logits_loss=act.logits_backward_peak),
-                     dict(start, weights=sharded + ms.gathered_backward_start,
+                     dict(start, weights=sharded + ms.gathered_backward_start + saved_casts,
                           gradients=ms.grads_between_steps + head_grads, logits_loss=act.logits_grad)),
                     key=lambda p: sum(p.values()))
     last_layer_alive = act.layer_checkpoint if act.checkpointed_layers else act.layer_saved
     reduced = ms.grads_after_backward if ms.grads_at_end is None else ms.grads_at_end
+    # a recomputed layer's activations include its own weight casts (autocast over fp32 params, recompute_casts)
     end = dict(base, gradients=max(reduced, ms.grads_between_steps) + ms.grads_unreduced,
-               activations=max(last_layer_alive + act.recompute + act.layer_backward_transient + act.shared_masks,
+               activations=max(last_layer_alive + act.recompute + ms.recompute_casts + act.layer_backward_transient
+                               + act.shared_masks,
                                act.embedding_transient))  # PEFT trainable tokens: the embedding's V x H gradient
     first_layer = dict(base, weights=base["weights"] + saved_casts - ms.autocast_cache_head,
                        gradients=max(ms.grads_between_steps, head_grads),
                        # the gradient arriving at the layer's output (its input's shape) waits while it recomputes
                        activations=act.saved_total - act.outside_layers + act.output_grad
-                       + max(act.recompute + act.layer_backward_transient, act.layer_forward_transient))
+                       + max(act.recompute + ms.recompute_casts + act.layer_backward_transient,
+                             act.layer_forward_transient))
     moments = [start, end, first_layer]
     if ms.regather:  # the root group all-gathered again as the logits' gradient reaches the model's output
         moments.append(dict(base, weights=sharded + ms.regather,

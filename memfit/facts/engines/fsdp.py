@@ -4,6 +4,7 @@ what CPU offload moves to the host (docs/knobs.md B, memfit/measure/FINDINGS.md)
 from __future__ import annotations
 
 from memfit.facts.engines.base import Engine, OffloadTraffic, Sharding, Traffic
+from memfit.facts.frameworks import autocast_over_fp32_gathers
 
 STRATEGY_SHARDING = {"no_shard": Sharding.NONE, "shard_grad_op": Sharding.GRADIENTS,
                      "full_shard": Sharding.PARAMETERS, "hybrid_shard": Sharding.PARAMETERS}
@@ -23,7 +24,9 @@ class Fsdp(Engine):
         return s.hardware.gpus_per_node if s.fsdp_strategy == "hybrid_shard" else s.world_size
 
     def runs_autocast(self, s) -> bool:
-        return False  # MixedPrecisionPolicy casts the gathered params instead
+        # MixedPrecisionPolicy casts the gathered params instead; a framework's FSDP2 without one (LitGPT lora.py)
+        # gathers fp32 params under Fabric's autocast forward
+        return autocast_over_fp32_gathers(s)
 
     def fp32_grads(self, s) -> bool:
         return s.precision == "fp32"

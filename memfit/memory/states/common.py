@@ -54,6 +54,7 @@ class ModelStates:
     grads_at_end: int | None = None
     autocast_cache: int = 0  # bf16 copies of fp32 weights cached during forward (docs/knobs.md H.4)
     autocast_cache_head: int = 0  # ... of which the output head's, saved for backward even under checkpointing
+    recompute_casts: int = 0  # ... made again by a checkpointed layer's recompute, saved until its backward (FSDP)
     grads_between_steps: int = 0  # gradient storage that exists during forward
     grads_after_backward: int = 0  # all gradient storage at the end of backward
     grads_unreduced: int = 0  # full-size grads of one module waiting for reduce-scatter

@@ -5,30 +5,32 @@ from __future__ import annotations
 from memfit.facts.engines import engine_of
 from memfit.facts.frameworks import model_code
 from memfit.memory.inventory import ParamTensor
-from memfit.memory.states import fsdp_units
+from memfit.memory.states import fsdp_units, plain
 from memfit.memory.states.common import (HostBuffer, ModelStates, frozen_bytes, layer_elements, quantized_bytes,
                                          torch_optimizer, trainable_dtype_bytes)
 
 
 def _gathered_layer_bytes(s, tensors: list[ParamTensor]) -> float:
     """Bytes of one gathered FSDP unit: quantized linears travel packed (bnb quant_storage / GPTQ qweight),
-    the rest in the compute dtype."""
-    per = [t.total * (quantized_bytes(s) if t.quantized else s.compute_bytes) for t in tensors if t.per_layer]
-    outside = [t.total * s.compute_bytes for t in tensors if not t.per_layer]
+    the rest in the dtype the strategy gathers in (fsdp_units.gathered_bytes: the compute dtype, or a framework's)."""
+    b = fsdp_units.gathered_bytes(s)
+    per = [t.total * (quantized_bytes(s) if t.quantized else b) for t in tensors if t.per_layer]
+    outside = [t.total * b for t in tensors if not t.per_layer]
     return max(sum(per) / max(s.model.num_layers, 1), max(outside, default=0))
 
 
 def _unsharded_bytes(s, tensors: list[ParamTensor]) -> int:
-    """Every parameter unsharded, in the dtype FSDP2 all-gathers it (packed quantized linears, else the compute
-    dtype). fully_shard keeps each sharded parameter and makes the unsharded one a separate storage
-    (_fsdp_param.py: `_sharded_param_data` vs `init_all_gather_outputs`), so this comes on top of the shards."""
-    return int(sum(t.total * (quantized_bytes(s) if t.quantized else s.compute_bytes) for t in tensors))
+    """Every parameter unsharded, in the dtype FSDP2 all-gathers it (packed quantized linears, else the gathered
+    dtype, fsdp_units.gathered_bytes). fully_shard keeps each sharded parameter and makes the unsharded one a separate
+    storage (_fsdp_param.py: `_sharded_param_data` vs `init_all_gather_outputs`), so this comes on top of the shards."""
+    b = fsdp_units.gathered_bytes(s)
+    return int(sum(t.total * (quantized_bytes(s) if t.quantized else b) for t in tensors))
 
 
 def _root_bytes(s, tensors: list[ParamTensor]) -> int:
     """The root group unsharded: what fully_shard on the whole model collects outside the layer units (embedding,
     final norm, an untied head)."""
-    return int(sum(t.total * s.compute_bytes for t in tensors if not t.per_layer))
+    return int(sum(t.total * fsdp_units.gathered_bytes(s) for t in tensors if not t.per_layer))
 
 
 def _loss_after_root(s, tensors: list[ParamTensor], ms: ModelStates) -> None:
@@ -67,6 +69,9 @@ def states(s, tensors: list[ParamTensor]) -> ModelStates:
     grads = sum(t.total * trainable_dtype_bytes(s, t) for t in trainable)
     optimizer, temps, paged = torch_optimizer(s, trainable)
     frozen = frozen_bytes(s, tensors)
+    if fsdp_units.shard_bytes(s):  # a framework that builds the model in fp32 shards it so (LitGPT under bf16-mixed)
+        frozen = sum(t.total * (quantized_bytes(s) if t.quantized else fsdp_units.shard_bytes(s))
+                     for t in tensors if not t.trainable)
     unit = int(_gathered_layer_bytes(s, tensors))  # one decoder layer unsharded
     ms = ModelStates(
         weights=int((frozen + grads) / n),
@@ -87,6 +92,10 @@ def states(s, tensors: list[ParamTensor]) -> ModelStates:
             and s.loss in ("chunked_output", "standard")):
         _loss_after_root(s, tensors, ms)
     fsdp_units.apply(s, tensors, ms, n)  # a framework's own wrapping (LitGPT: the root kept, FSDP1 flat units)
+    if s.runs_autocast:  # fp32 params gathered under autocast (LitGPT lora.py's FSDP2): plain torch's weight casts
+        plain.autocast_casts(s, tensors, ms)
+        if s.checkpointing != "off":
+            ms.recompute_casts = plain.recompute_casts(s, tensors)
     # each rank saves and torch.loads its own shards (sharded state dict): params + optimizer (FINDINGS.md)
     ms.resume_host = ms.weights + ms.optimizer
     if s.fsdp_cpu_offload:

@@ -42,6 +42,23 @@ def _frozen_casts(s, copies: list[ParamTensor]) -> int:
     return layer_copies * (graded - checkpointed) // layers
 
 
+def autocast_casts(s, tensors: list[ParamTensor], ms: ModelStates) -> None:
+    """autocast casts each fp32 weight a matmul reads to 16 bit; the copies are cached through forward and saved for
+    backward by the matmuls whose input needs a gradient (aten autocast_mode.cpp). Also a framework's FSDP that
+    gathers fp32 params under autocast (fsdp.py), whose module holds the gathered fp32 weights as plain torch's does."""
+    copies = [t for t in tensors if _fp32_under_autocast(s, t)]
+    cached = [t for t in copies if t.trainable or _reads_as_head(s, t)]
+    ms.autocast_cache = sum(_cast_bytes(s, t) for t in cached) + _frozen_casts(s, copies)
+    ms.autocast_cache_head = sum(_cast_bytes(s, t) for t in cached if _reads_as_head(s, t))
+
+
+def recompute_casts(s, tensors: list[ParamTensor]) -> int:
+    """One layer's frozen-weight casts: a checkpointed layer's recompute (which runs under the autocast state its
+    forward saved) casts them again and its matmuls save them until the layer's backward is done."""
+    copies = [t for t in tensors if _fp32_under_autocast(s, t) and not t.trainable and t.per_layer]
+    return sum(t.total * s.compute_bytes for t in copies) // max(s.model.num_layers, 1)
+
+
 def states(s, tensors: list[ParamTensor]) -> ModelStates:
     trainable = [t for t in tensors if t.trainable]
     grads = sum(t.total * trainable_dtype_bytes(s, t) for t in trainable)
@@ -55,12 +72,7 @@ def states(s, tensors: list[ParamTensor]) -> ModelStates:
         paged_optimizer=paged,
     )
     if s.runs_autocast:
-        # autocast casts each fp32 weight a matmul reads to 16 bit; the copies are cached through forward and
-        # saved for backward by the matmuls whose input needs a gradient (aten autocast_mode.cpp)
-        copies = [t for t in tensors if _fp32_under_autocast(s, t)]
-        cached = [t for t in copies if t.trainable or _reads_as_head(s, t)]
-        ms.autocast_cache = sum(_cast_bytes(s, t) for t in cached) + _frozen_casts(s, copies)
-        ms.autocast_cache_head = sum(_cast_bytes(s, t) for t in cached if _reads_as_head(s, t))
+        autocast_casts(s, tensors, ms)
     if s.model.tie_embeddings:
         # the tied embedding's backward makes a fresh dense gradient and adds it into the head's
         ms.grads_unreduced = sum(t.total * trainable_dtype_bytes(s, t) for t in trainable if t.kind == "embedding")
