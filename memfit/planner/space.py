@@ -10,6 +10,7 @@ from memfit.errors import MemfitError
 from memfit.facts.adapters import trains_adapters
 from memfit.facts.engines import Sharding
 from memfit.facts.frameworks import frameworks
+from memfit.facts.remote_code import ignored_checkpointing
 from memfit.facts.recompute import MODES, Recompute
 from memfit.facts.scenario import Scenario
 from memfit.planner.data import DataShapes
@@ -159,6 +160,8 @@ def act_options(base: Scenario, ak: ActKnobs, opts: dict, per_gpu: int, several:
     has = {"flash": base.model.has_flash and base.hardware.gpu.compute_capability >= 8.0,
            "sdpa": base.model.has_sdpa}  # kernels the GPU and the family's transformers code have
     ckpts = unique([ak.checkpointing, *opts["checkpointing"]])
+    if ignored_checkpointing(base.model.arch, base.profile):  # the model's own file never turns it on (facts)
+        ckpts = ["off"]
     attentions = unique([ak.attention] + [x for x in opts["attention"] if has.get(x, True)])
     losses = unique([ak.loss] + (["liger"] if opts["liger"] and not several else []))
     paddings = unique([ak.padding] + ([opts["packing"]] if opts["packing"] and not several else []))

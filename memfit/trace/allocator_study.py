@@ -49,7 +49,8 @@ class Spec:
 
 
 def spec_scenario(spec: Spec):
-    """The scenario a Spec names: OpenRLHF-style DPO, micro-batch 1, full checkpointing, on the Spec's cards."""
+    """The scenario a Spec names: OpenRLHF-style DPO, micro-batch 1, checkpointing asked for (a remote-code file that
+    ignores it leaves it off, as GLM-4's does: data/remote_code.toml), on the Spec's cards."""
     from memfit.facts.catalog import find_gpu, find_model
     from memfit.facts.profiles import build_scenario
     from memfit.facts.scenario import Hardware

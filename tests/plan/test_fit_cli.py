@@ -87,7 +87,8 @@ def test_fit_for_a_run_that_resumes_moves_optimizer_sub_groups_to_the_gpus(tmp_p
 
 
 def test_fit_rewrites_an_openrlhf_dpo_command_with_flash_attention(tmp_path, capsys):
-    """report-glm4-9b-dpo-eager: eager attention at 8192 tokens runs out of memory; flash fits."""
+    """The GLM-4 DPO report (issue 12): eager attention at 2048 tokens runs out of memory (GLM-4's own file leaves
+    --gradient_checkpointing off); flash fits."""
     assert main(["fit", str(GLM_DPO), *A100_NODE, "--out", str(tmp_path)]) == 0
     written = tmp_path / GLM_DPO.name
     assert "--attn_implementation flash_attention_2" in written.read_text()

@@ -46,7 +46,7 @@ def test_bad_top_is_refused():
 
 
 GLM_DPO = ["plan", "THUDM/glm-4-9b-chat", "--gpu", "a100-80gb", "--gpus", "8", "--profile", "openrlhf", "--method",
-           "dpo", "--zero", "3", "--micro-batch", "1", "--seq", "8192", "--ckpt", "--attn", "eager",
+           "dpo", "--zero", "3", "--micro-batch", "1", "--seq", "2048", "--ckpt", "--attn", "eager",
            "--global-batch", "128"]
 QWEN72 = ["plan", "Qwen/Qwen2.5-72B-Instruct", "--gpu", "a100-80gb", "--gpus", "8", "--profile", "openrlhf", "--zero",
           "3", "--offload-optimizer", "cpu", "--micro-batch", "1", "--seq", "2048", "--ckpt", "--host-ram", "1.4TB"]

@@ -1,12 +1,12 @@
-# GLM-4-9B DPO on one node of 8 A100-80GB (OpenRLHF 0.10 flags): OOM at max length 8192 with eager
-# attention (user report: global batch 128, micro-batch 1)
+# GLM-4-9B DPO on one node of 8 A100-80GB (OpenRLHF 0.10 flags): OOM after some steps at max length 2048 with
+# eager attention (user report: global batch 128, micro-batch 1; the max length is issue 12's)
 deepspeed --num_gpus 8 --module openrlhf.cli.train_dpo \
    --pretrain THUDM/glm-4-9b-chat \
    --dataset OpenRLHF/preference_dataset_mixture2_and_safe_pku \
    --apply_chat_template \
    --chosen_key chosen \
    --rejected_key rejected \
-   --max_len 8192 \
+   --max_len 2048 \
    --micro_train_batch_size 1 \
    --train_batch_size 128 \
    --zero_stage 3 \
