@@ -104,3 +104,11 @@ def test_lower_vllm_memory_slows_generation_and_too_little_cannot_generate(scena
     assert slow.breakdown["generate"] > fast.breakdown["generate"]
     assert step_time(_rl(base, vllm_gpu_memory_utilization=0.05)).tokens_per_second == 0  # no KV cache left
     assert baseline(base).verdict == "oom"
+
+
+def test_no_plan_counts_on_checkpointing_the_models_own_file_ignores(scenario):
+    """GLM-4's modeling_chatglm.py leaves OpenRLHF's --gradient_checkpointing off: the search has only 'off'."""
+    search = Search(scenario(**GLM_DPO), set(), 128)
+    assert {a.checkpointing for a in search.acts} == {"off"}
+    lf = Search(scenario(**{**GLM_DPO, "profile": "llamafactory", "method": "dpo"}), set(), 128)
+    assert {a.checkpointing for a in lf.acts} > {"off"}  # LLaMA-Factory sets the layers' flag itself
