@@ -79,10 +79,10 @@ def litgpt_distributed_group() -> dict:
     return _summary(errors, doc["versions"])
 
 
-def qwen1_group() -> dict:
-    """Qwen-1's finetune.py settings on its own hub modeling_qwen.py, traced (bench/qwen1.py keeps the traces): the
-    step's allocated peak, estimate vs trace."""
-    spec = importlib.util.spec_from_file_location("qwen1_bench", HERE / "qwen1.py")
+def _remote_code_group(bench_file: str, source_file: str) -> dict:
+    """A hub remote-code family on its own modeling file, traced (the bench keeps the traces): the step's allocated
+    peak, estimate vs trace."""
+    spec = importlib.util.spec_from_file_location(f"{bench_file}_bench", HERE / f"{bench_file}.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     if not bench.OUT.exists():
@@ -90,21 +90,17 @@ def qwen1_group() -> dict:
     doc = json.loads(bench.OUT.read_text())
     errors = [abs(100 * row[-1]) for row in bench.table(doc)]
     return _summary(errors, {"transformers": doc["transformers"], "torch": doc["torch"],
-                             "modeling_qwen.py": doc["source"]["commit"][:10]})
+                             source_file: doc["source"]["commit"][:10]})
+
+
+def qwen1_group() -> dict:
+    """Qwen-1's finetune.py settings on its own hub modeling_qwen.py (bench/qwen1.py)."""
+    return _remote_code_group("qwen1", "modeling_qwen.py")
 
 
 def glm4_group() -> dict:
-    """GLM-4-9B-chat's OpenRLHF DPO step on its own hub modeling_chatglm.py, traced (bench/glm4.py keeps the
-    traces): the step's allocated peak (weights, grads, optimizer, activations, logits), estimate vs trace."""
-    spec = importlib.util.spec_from_file_location("glm4_bench", HERE / "glm4.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    if not bench.OUT.exists():
-        return _summary([], {})
-    doc = json.loads(bench.OUT.read_text())
-    errors = [abs(100 * row[-1]) for row in bench.table(doc)]
-    return _summary(errors, {"transformers": doc["transformers"], "torch": doc["torch"],
-                             "modeling_chatglm.py": doc["source"]["commit"][:10]})
+    """GLM-4-9B-chat's OpenRLHF DPO step on its own hub modeling_chatglm.py (bench/glm4.py)."""
+    return _remote_code_group("glm4", "modeling_chatglm.py")
 
 
 def framework_groups() -> dict:

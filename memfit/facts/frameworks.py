@@ -72,3 +72,16 @@ def autocast_over_fp32_gathers(s) -> bool:
     runs as plain torch autocast over an fp32 model does on one device."""
     dtypes = several_devices_dtypes(s)
     return bool(dtypes and dtypes[1] == 4 and model_code(s.profile)["several_devices"]["mixed"]["forward_autocast"])
+
+
+def torchtune_builder(model) -> str:
+    """The torchtune component builder that runs a catalog model (torchtune.models.<name>._component_builders): the
+    one its model builders call for that checkpoint (memfit/trace/torchtune.py builds the model with it)."""
+    mid = model.id.lower()
+    if model.arch != "llama":
+        return model.arch
+    if "llama-2" in mid:
+        return "llama2"
+    if model.tie_embeddings:
+        return "llama3_2"
+    return "llama3_1" if "3.1" in mid else "llama3"

@@ -27,6 +27,7 @@ from dataclasses import replace
 import torch
 
 from memfit.errors import MemfitError
+from memfit.facts.frameworks import torchtune_builder
 from memfit.facts.scenario import Scenario
 from memfit.trace.accountant import Accountant
 from memfit.trace.cuda import CudaTarget, emulate_cuda
@@ -46,16 +47,9 @@ def torchtune_version() -> str:
 # ---------------------------------------------------------------------------------------------- the model
 def builder_name(spec) -> str:
     """The torchtune component builder of a catalog model (the one its model builders call)."""
-    mid = spec.id.lower()
-    if spec.arch == "qwen2":
-        return "qwen2"
-    if spec.arch != "llama":
+    if spec.arch not in ("llama", "qwen2"):
         raise MemfitError(f"the torchtune trace builds llama and qwen2 models, not {spec.arch}")
-    if "llama-2" in mid:
-        return "llama2"
-    if spec.tie_embeddings:
-        return "llama3_2"
-    return "llama3_1" if "3.1" in mid else "llama3"
+    return torchtune_builder(spec)
 
 
 def _model_kwargs(spec, builder: str) -> dict:

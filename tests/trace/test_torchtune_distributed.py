@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from memfit.facts.catalog import find_gpu, find_model, models
+from memfit.facts.catalog import find_gpu, find_model
 from memfit.facts.frameworks import framework
 from memfit.facts.profiles import build_scenario
 from memfit.facts.scenario import Hardware
@@ -79,16 +79,6 @@ def test_lora_builders_with_a_rope_cache_per_layer(model, per_layer):
 
     lora, full = (_scenario(1, {"tuning": t}, model) for t in ("lora", "full"))
     assert rope_cache_bytes(lora) == rope_cache_bytes(full) * (lora.model.num_layers if per_layer else 1)
-
-
-def test_the_core_picks_the_traces_builder():
-    pytest.importorskip("torch")
-    from memfit.memory.states import torchtune_builder
-    from memfit.trace.torchtune import builder_name
-
-    for spec in models():
-        if spec.arch in ("llama", "qwen2"):
-            assert torchtune_builder(spec) == builder_name(spec), spec.id
 
 
 def test_one_row_reruns_in_torchtunes_venv():

@@ -3,7 +3,7 @@ per engine: plain.py (one GPU, DDP), deepspeed.py (ZeRO 0-3, offload, ratio), fs
 from __future__ import annotations
 
 from memfit.facts.adapters import adapter_methods, method_info
-from memfit.facts.frameworks import model_code
+from memfit.facts.frameworks import model_code, torchtune_builder
 from memfit.memory.inventory import ParamTensor
 from memfit.memory.states import deepspeed, fsdp, plain
 from memfit.memory.states.common import HostBuffer, ModelStates, trainable_dtype_bytes
@@ -36,19 +36,6 @@ def rope_cache_bytes(s) -> int:
     lora_per_layer = (s.tuning in ("lora", "qlora")
                       and torchtune_builder(s.model) in code.get("rope_cache_per_layer_lora", ()))
     return positions * s.model.head_dim * per_position * (s.model.num_layers if lora_per_layer else 1)
-
-
-def torchtune_builder(model) -> str:
-    """The torchtune component builder that runs a catalog model (torchtune.models.<name>._component_builders);
-    memfit/trace/torchtune.py::builder_name picks the same (tests/trace/test_torchtune_distributed.py checks)."""
-    mid = model.id.lower()
-    if model.arch != "llama":
-        return model.arch
-    if "llama-2" in mid:
-        return "llama2"
-    if model.tie_embeddings:
-        return "llama3_2"
-    return "llama3_1" if "3.1" in mid else "llama3"
 
 
 def frozen_copy(s, tensors: list[ParamTensor], offload: bool) -> tuple[str, int, int, int, list[str]]:
