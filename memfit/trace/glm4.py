@@ -25,15 +25,10 @@ What the file does that the twin does not, and so why this module exists:
 """
 from __future__ import annotations
 
-import hashlib
-import importlib
-import os
 import sys
-import types
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import torch
 
@@ -41,9 +36,11 @@ from memfit.facts.scenario import Scenario
 from memfit.trace.accountant import Accountant
 from memfit.trace.build import BuiltModel, set_dtypes
 from memfit.trace.cuda import CudaTarget, emulate_cuda
+from memfit.trace.remote_file import RemoteFile
 
-PACKAGE = "memfit_glm4_remote"  # the modeling file imports its configuration relatively: they load as one package
-FILES = ("modeling_chatglm.py", "configuration_chatglm.py")
+# the modeling file imports its configuration relatively: they load as one package
+SOURCE = RemoteFile("MEMFIT_GLM4_SOURCE", "/tmp/glm4", "memfit_glm4_remote",
+                    ("modeling_chatglm.py", "configuration_chatglm.py"))
 # huggingface.co/THUDM/glm-4-9b-chat config.json, the keys the catalog's ModelSpec does not carry
 HUB_CONFIG = dict(seq_length=131072, rope_ratio=500, original_rope=True, rmsnorm=True, post_layer_norm=True,
                   apply_query_key_layer_scaling=True, attention_softmax_in_fp32=True, add_qkv_bias=True,
@@ -51,29 +48,7 @@ HUB_CONFIG = dict(seq_length=131072, rope_ratio=500, original_rope=True, rmsnorm
                   fp32_residual_connection=False, hidden_dropout=0.0, attention_dropout=0.0)
 
 
-def source_dir() -> Path:
-    return Path(os.environ.get("MEMFIT_GLM4_SOURCE", "/tmp/glm4"))
-
-
-def available() -> bool:
-    return all((source_dir() / f).is_file() for f in FILES)
-
-
-def file_sha256(name: str = "modeling_chatglm.py") -> str:
-    return hashlib.sha256((source_dir() / name).read_bytes()).hexdigest()
-
-
-def load():
-    """The remote modeling module, imported from source_dir()."""
-    name = f"{PACKAGE}.modeling_chatglm"
-    if name not in sys.modules:
-        package = types.ModuleType(PACKAGE)
-        package.__path__ = [str(source_dir())]
-        sys.modules[PACKAGE] = package
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            importlib.import_module(name)
-    return sys.modules[name]
+source_dir, available, file_sha256, load = SOURCE.source_dir, SOURCE.available, SOURCE.file_sha256, SOURCE.load
 
 
 @dataclass
@@ -102,7 +77,7 @@ def build(s: Scenario, fake_mode=None, honor_checkpointing: bool = False, pad_to
     """ChatGLMForConditionalGeneration with the scenario's shapes, attention, dtypes and trainability; checkpointing
     as the framework's gradient_checkpointing_enable call leaves it (or set, with honor_checkpointing)."""
     mod = load()
-    config_mod = sys.modules[f"{PACKAGE}.configuration_chatglm"]
+    config_mod = sys.modules[f"{SOURCE.package}.configuration_chatglm"]
     if s.attention not in ("eager", "sdpa"):
         raise ValueError(f"GLM-4's own {s.attention} path is not traced (eager and sdpa are)")
     m = s.model
@@ -133,12 +108,12 @@ def build(s: Scenario, fake_mode=None, honor_checkpointing: bool = False, pad_to
 def checkpointing_enable_sets_flag() -> bool:
     """Whether the file's gradient_checkpointing_enable turns checkpointing on (a one-layer model, real tensors)."""
     load()
-    config = sys.modules[f"{PACKAGE}.configuration_chatglm"].ChatGLMConfig(
+    config = sys.modules[f"{SOURCE.package}.configuration_chatglm"].ChatGLMConfig(
         num_layers=1, padded_vocab_size=64, hidden_size=64, ffn_hidden_size=64, kv_channels=16,
         num_attention_heads=4, multi_query_group_num=2, **{**HUB_CONFIG, "seq_length": 64})
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        hf = sys.modules[f"{PACKAGE}.modeling_chatglm"].ChatGLMForConditionalGeneration(config, empty_init=False)
+        hf = sys.modules[f"{SOURCE.package}.modeling_chatglm"].ChatGLMForConditionalGeneration(config, empty_init=False)
     hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return bool(hf.transformer.encoder.gradient_checkpointing)
 

@@ -22,15 +22,9 @@ attn_implementation).
 """
 from __future__ import annotations
 
-import hashlib
-import importlib
-import os
-import sys
-import types
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import torch
 
@@ -38,34 +32,12 @@ from memfit.facts.scenario import Scenario
 from memfit.trace.accountant import Accountant
 from memfit.trace.build import BuiltModel, set_dtypes
 from memfit.trace.cuda import CudaTarget, emulate_cuda
+from memfit.trace.remote_file import RemoteFile
 
-PACKAGE = "memfit_qwen1_remote"  # the remote files import each other relatively: they load as one package
-FILES = ("modeling_qwen.py", "configuration_qwen.py", "qwen_generation_utils.py")
-
-
-def source_dir() -> Path:
-    return Path(os.environ.get("MEMFIT_QWEN1_SOURCE", "/tmp/qwen1"))
-
-
-def available() -> bool:
-    return all((source_dir() / f).is_file() for f in FILES)
-
-
-def file_sha256(name: str = "modeling_qwen.py") -> str:
-    return hashlib.sha256((source_dir() / name).read_bytes()).hexdigest()
-
-
-def load():
-    """The remote modeling module, imported from source_dir()."""
-    name = f"{PACKAGE}.modeling_qwen"
-    if name not in sys.modules:
-        package = types.ModuleType(PACKAGE)
-        package.__path__ = [str(source_dir())]
-        sys.modules[PACKAGE] = package
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            importlib.import_module(name)
-    return sys.modules[name]
+# the remote files import each other relatively: they load as one package
+SOURCE = RemoteFile("MEMFIT_QWEN1_SOURCE", "/tmp/qwen1", "memfit_qwen1_remote",
+                    ("modeling_qwen.py", "configuration_qwen.py", "qwen_generation_utils.py"))
+source_dir, available, file_sha256, load = SOURCE.source_dir, SOURCE.available, SOURCE.file_sha256, SOURCE.load
 
 
 def build(s: Scenario, fake_mode=None) -> BuiltModel:
