@@ -10,7 +10,8 @@ peak of the steps after the first (every storage counted by memfit/measure/track
 allocated peak over the step phases without the CUDA runtime overhead a CPU run cannot see.
 
 Runs in torchtune's venv (tests/trace/setup_torchtune_venv.sh); started from another Python it runs itself there.
-`--save` keeps the measured rows (with the versions) in bench/torchtune_distributed.json; `--saved` compares them
+`--save` keeps the measured rows (with the versions) in bench/torchtune_distributed.json (a run of some rows keeps
+the other saved rows measured on the same versions); `--saved` compares them
 with the estimate without the venv (bench/framework_paths.py and tests/trace/test_torchtune_distributed.py read them
 the same way).
 """
@@ -48,6 +49,18 @@ ROWS |= {  # the unchunked loss (the model returns fp32 logits), and a tied head
     "full tied reshard=True ckpt=off": {"tuning": "full", "checkpointing": "off", "tied": True},
     "lora tied reshard=True ckpt=off": {"tuning": "lora", "checkpointing": "off", "tied": True},
 }
+ROWS |= {  # full_finetune_distributed.py's optimizer_in_bwd: True (one AdamW per parameter, stepped in backward)
+    f"full reshard=True ckpt={ckpt} optimizer_in_bwd": {"tuning": "full", "checkpointing": ckpt,
+                                                       "optimizer_in_backward": True}
+    for ckpt in ("off", "full")
+}
+ROWS |= {  # fsdp_cpu_offload: True (CPUOffloadPolicy: shards, grads and AdamW states in host RAM), both recipes
+    f"{tuning} reshard=True ckpt={ckpt} fsdp_cpu_offload": {"tuning": tuning, "checkpointing": ckpt,
+                                                           "fsdp_cpu_offload": True}
+    for tuning in ("full", "lora") for ckpt in ("off", "full")
+}
+ROWS["full reshard=True ckpt=off optimizer_in_bwd fsdp_cpu_offload"] = {  # the full recipe takes both together
+    "tuning": "full", "checkpointing": "off", "optimizer_in_backward": True, "fsdp_cpu_offload": True}
 
 
 def spec(tied: bool = False):
@@ -76,20 +89,33 @@ def estimate_row(knobs: dict) -> dict:
     """The estimate's allocated peak over the step phases (no runtime overhead) and its breakdown."""
     from memfit.roles.estimate import estimate
 
-    est = estimate(scenario(knobs)).allocated
+    full = estimate(scenario(knobs))
+    est = full.allocated
     phases = {p: est.phases[p] for p in STEP_PHASES}
     peak = max(phases, key=lambda p: phases[p].total - phases[p].get("runtime_overhead"))
     b = phases[peak]
+    # the host side per rank (the profile is per node): the offloaded buffers, without the process baseline and
+    # the pinned allocator's rounding (runtime overhead a CPU run cannot see)
+    host = {p: full.host.phases[p] for p in STEP_PHASES}
+    hpeak = max(host, key=lambda p: host[p].total - host[p].get("runtime_overhead"))
+    h = host[hpeak]
     return {"estimate": b.total - b.get("runtime_overhead"), "estimate_phase": peak,
-            "estimate_parts": {c: v for c, v in b.parts.items() if v and c != "runtime_overhead"}}
+            "estimate_parts": {c: v for c, v in b.parts.items() if v and c != "runtime_overhead"},
+            "estimate_host": (h.total - h.get("runtime_overhead")) // GPUS,
+            "estimate_host_parts": {c: v // GPUS for c, v in h.parts.items() if v and c != "runtime_overhead"}}
 
 
 def measured_peak(ranks: list[dict]) -> dict:
-    """The largest per-rank step peak, its phase and categories."""
+    """The largest per-rank step peak, its phase and categories; the same of the host side (offloaded shards)."""
     best = max(((r, p) for r in ranks for p in r["phases"]), key=lambda rp: rp[0]["phases"][rp[1]]["total"])
     rank, phase = best
-    return {"measured": rank["phases"][phase]["total"], "measured_phase": phase, "rank": rank["rank"],
-            "measured_parts": rank["phases"][phase]["parts"]}
+    out = {"measured": rank["phases"][phase]["total"], "measured_phase": phase, "rank": rank["rank"],
+           "measured_parts": rank["phases"][phase]["parts"], "measured_host": 0, "measured_host_parts": {}}
+    hosts = [(r, p) for r in ranks for p in r.get("host_phases", {})]
+    if hosts:
+        r, p = max(hosts, key=lambda rp: rp[0]["host_phases"][rp[1]]["total"])
+        out |= {"measured_host": r["host_phases"][p]["total"], "measured_host_parts": r["host_phases"][p]["parts"]}
+    return out
 
 
 def compare(name: str, ranks: list[dict]) -> dict:
@@ -141,15 +167,24 @@ def run(names: list[str]) -> dict[str, list[dict]]:
 def table(rows: list[dict]) -> str:
     short = {"weights": "wts", "gradients": "grad", "optimizer_states": "optim", "activations": "act",
              "logits_loss": "logits", "engine_buffers": "buf"}
-    lines = [f"{'row':<42}{'measured':>9} {'phase':<9}{'estimate':>9} {'phase':<9}{'err%':>7}  measured / estimate by "
+    lines = [f"{'row':<60}{'measured':>9} {'phase':<9}{'estimate':>9} {'phase':<9}{'err%':>7}  measured / estimate by "
              "category (MiB)"]
     for r in rows:
         m = " ".join(f"{short.get(c, c)}={v / MIB:.1f}" for c, v in r["measured_parts"].items() if v)
         e = " ".join(f"{short.get(c, c)}={v / MIB:.1f}" for c, v in r["estimate_parts"].items() if v)
-        lines.append(f"{r['name']:<42}{r['measured'] / MIB:9.2f} {r['measured_phase'][:8]:<9}"
+        lines.append(f"{r['name']:<60}{r['measured'] / MIB:9.2f} {r['measured_phase'][:8]:<9}"
                      f"{r['estimate'] / MIB:9.2f} {r['estimate_phase'][:8]:<9}{r['error_pct']:+7.2f}  {m}  |  {e}")
     errors = [abs(r["error_pct"]) for r in rows]
     lines.append(f"rows {len(rows)}, max |error| {max(errors):.2f}%")
+    offloaded = [r for r in rows if ROWS[r["name"]].get("fsdp_cpu_offload")]
+    if offloaded:  # the host side per rank (FSDP CPU offload): measured / estimated
+        lines.append(f"{'host per rank':<60}{'measured':>9} {'':<9}{'estimate':>9} {'':<9}{'err%':>7}")
+        for r in offloaded:
+            m = " ".join(f"{short.get(c, c)}={v / MIB:.1f}" for c, v in r["measured_host_parts"].items() if v)
+            e = " ".join(f"{short.get(c, c)}={v / MIB:.1f}" for c, v in r["estimate_host_parts"].items() if v)
+            err = 100 * (r["estimate_host"] - r["measured_host"]) / r["measured_host"] if r["measured_host"] else 0.0
+            lines.append(f"{r['name']:<60}{r['measured_host'] / MIB:9.2f} {'':<9}{r['estimate_host'] / MIB:9.2f} "
+                         f"{'':<9}{err:+7.2f}  {m}  |  {e}")
     return "\n".join(lines)
 
 
@@ -190,7 +225,13 @@ def _save(measured: dict[str, list[dict]]) -> None:
     import importlib.metadata as meta
 
     versions = {name: meta.version(name) for name in ("torchtune", "torchao", "torch")}
-    rows = [{"name": n, "knobs": BATCH | ROWS[n], "ranks": ranks} for n, ranks in measured.items()]
+    kept = {}
+    if SAVED.exists():  # a run of some rows keeps the others' saved measurements (measured on the same versions)
+        doc = json.loads(SAVED.read_text())
+        if doc.get("versions") == versions:
+            kept = {r["name"]: r["ranks"] for r in doc["rows"] if r["name"] in ROWS}
+    measured = kept | measured
+    rows = [{"name": n, "knobs": BATCH | ROWS[n], "ranks": measured[n]} for n in ROWS if n in measured]
     SAVED.write_text(json.dumps({"schema": "memfit.torchtune_distributed/1", "versions": versions, "dims": DIMS,
                                  "gpus": GPUS, "steps": STEPS, "rows": rows}, indent=1) + "\n")
     print(f"wrote {SAVED}")

@@ -95,3 +95,12 @@ def test_console_script_prints_no_traceback():
 def test_frozen_fp32_where_nothing_keeps_fp32_weights_is_refused(extra, capsys):
     argv = BASE + ["--tuning", "lora", "--precision", "bf16-mixed", "--frozen-fp32", *extra]
     assert_one_line(*run(argv, capsys), "--frozen-fp32 has no effect here", "mixed precision on a single gpu or ddp")
+
+
+def test_optimizer_in_backward_where_torchtune_does_not_step_in_backward(capsys):
+    """torchtune 0.6.1 reads optimizer_in_bwd only in its full recipes, which refuse it with gradient accumulation."""
+    tt = ["estimate", "llama-3.2-1b", "--gpu", "a100-80gb", "--profile", "torchtune", "--optimizer-in-backward"]
+    assert_one_line(*run(tt + ["--tuning", "lora"], capsys), "--optimizer-in-backward has no effect here",
+                    "--tuning is lora")
+    assert_one_line(*run(tt + ["--tuning", "full", "--grad-accum", "4"], capsys),
+                    "optimizer_in_bwd steps each parameter inside backward", "--grad-accum 1")

@@ -126,7 +126,7 @@ NOT_MET = {"deepspeed": {"fsdp_strategy": "full_shard"}, "fsdp": {"zero_stage": 
            "qlora": {"tuning": "lora"}, "freeze": {"tuning": "full"}, "virtual_tokens": {"tuning": "lora"},
            "every_n": {"checkpointing": "full"}, "several": {"method": "sft"}, "offload": {"zero_stage": 2},
            "zero3": {"zero_stage": 2}, "ranked": {"tuning": "oft"}, "plain_mixed": {"precision": "bf16-pure"},
-           "nf4": {"tuning": "qlora", "quant_bits": 8}}
+           "nf4": {"tuning": "qlora", "quant_bits": 8}, "full": {"tuning": "lora"}}
 
 
 def _set_value(k):

@@ -131,7 +131,7 @@ CONDITIONS = {
     "freeze": lambda s: s.tuning == "freeze", "every_n": lambda s: s.checkpointing == "every_n",
     "virtual_tokens": lambda s: s.virtual_tokens_in_use > 0, "several": lambda s: several_models(s.method),
     "offload": lambda s: s.offload_optimizer != "none" or s.offload_param != "none",
-    "zero3": lambda s: s.zero_stage == 3,
+    "zero3": lambda s: s.zero_stage == 3, "full": lambda s: s.tuning == "full",
     # plain torch's mixed precision keeps the module as built; DeepSpeed and FSDP cast it themselves
     "plain_mixed": lambda s: s.precision.endswith("mixed") and s.engine in ("single", "ddp"),
     "ranked": lambda s: s.tuning in ("lora", "qlora") or not method_info(s.tuning).get("rankless", False),

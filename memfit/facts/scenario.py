@@ -138,6 +138,9 @@ class _Rules:
         if self.loss == "chunked_nll":
             _require(not self.uses_adapters or "lm_head" not in self.lora_targets,
                      "TRL rejects loss_type chunked_nll with LoRA on lm_head")
+        _require(not (self.steps_in_backward and self.grad_accum > 1),
+                 "optimizer_in_bwd steps each parameter inside backward, so torchtune's recipes refuse gradient "
+                 "accumulation with it; use --grad-accum 1 or leave --optimizer-in-backward out")
         if self.precision.startswith("bf16"):
             _require(gpu.compute_capability >= 8.0, f"{gpu.name} has no bf16 support (transformers rejects bf16=True "
                                                     "below compute capability 8.0); use --precision fp16-mixed")
@@ -150,6 +153,11 @@ class _Rules:
     @property
     def uses_adapters(self) -> bool:
         return trains_adapters(self.tuning)
+
+    @property
+    def steps_in_backward(self) -> bool:
+        """optimizer_in_backward where it acts (the knob table's `needs`: full fine-tuning)."""
+        return self.optimizer_in_backward and CONDITIONS[knobs()["optimizer_in_backward"].needs](self)
 
     def trains_whole(self, module: str) -> bool:
         """Whether the embedding / output head trains: full tuning, or PEFT's modules_to_save."""

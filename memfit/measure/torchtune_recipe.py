@@ -11,13 +11,27 @@ full_finetune_distributed.py / lora_finetune_distributed.py do, with the library
   MixedPrecisionPolicy: bf16 params, bf16 gradient reduction), `reshard_after_forward` = fsdp_reshard_after_forward;
   the full recipe passes its ("dp", "tp") mesh's dp dimension; RoPE caches by `rope_init`, LoRA params by
   `to_empty` + `initialize_parameters`, and the weights by `training.load_from_full_model_state_dict`.
-- the optimizer: `torch.optim.AdamW(model.parameters(), fused=True)` (every llama3* distributed config).
+- the optimizer: `torch.optim.AdamW(model.parameters(), fused=True)` (every llama3* distributed config); with
+  `optimizer_in_bwd: True` (full_finetune_distributed.py `_setup_optimizer`) one AdamW per parameter
+  (`{p: AdamW([p]) for p in model.parameters()}`), `training.register_optim_in_bwd_hooks` (a post-accumulate-grad
+  hook on each sharded parameter: step, zero_grad, which FSDP2's foreach_reduce runs right after the parameter's
+  reduce-scatter) and `training.create_optim_in_bwd_wrapper`; `train` zero_grads every one of them first.
 - `train`: the labels shifted with an ignore column, CEWithChunkedOutputLoss after `model.set_num_output_chunks`,
   times the token count, backward, the all-reduced token count, `training.scale_grads(model, world / tokens)`,
-  step, `zero_grad(set_to_none=True)` (clip_grad_norm is null in those configs).
+  step, `zero_grad(set_to_none=True)` (clip_grad_norm is null in those configs). With optimizer_in_bwd the token
+  count is all-reduced before backward and the loss scaled by world / tokens instead; backward steps the params.
+- `fsdp_cpu_offload: True`: shard_model's CPUOffloadPolicy() (pin_memory=True) and
+  load_from_full_model_state_dict(cpu_offload=True), as both recipes pass it; the LoRA params `to_empty` on "cpu".
+  A CPU-only torch cannot pin (`Tensor.pin_memory` raises without an accelerator), so while an offload job runs
+  `pin_memory` returns the tensor itself and the tracker marks it pinned. The sharded params, their grads and the
+  optimizer states are claimed as host memory; on a CPU run FSDP2's device copies of an offloaded shard
+  (`sharded_param_data.to(device)` before the all-gather, the reduce-scatter output before its `.to("cpu")`) are
+  no-ops, so those transients (at most one unit's shard) are not seen. `training.set_torch_num_threads()` (speed
+  only) is left out.
 
 Memory is the tracker's (memfit/measure/tracker.py): every storage by category, the engine's objects claimed
-after each phase. Each rank writes OUT/job{i}.rank{r}.json: its per-phase peak breakdown of steps 2..N.
+after each phase. Each rank writes OUT/job{i}.rank{r}.json: its per-phase peak breakdown of steps 2..N, on the device
+("phases") and on the host ("host_phases": what the run keeps in host RAM, the offloaded shards).
 """
 from __future__ import annotations
 
@@ -100,7 +114,19 @@ class Recipe:
 
         self.s, self.tk = s, tk
         self.model = build_model(s, tk)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=LR, weight_decay=0.01, fused=True)
+        if s.optimizer_in_backward:  # full_finetune_distributed.py `_setup_optimizer(optimizer_in_bwd=True)`
+            from torchtune import training
+
+            self.optimizer = None
+            self.optim_dict = {p: torch.optim.AdamW([p], lr=LR, weight_decay=0.01, fused=True)
+                               for p in self.model.parameters()}
+            training.register_optim_in_bwd_hooks(model=self.model, optim_dict=self.optim_dict)
+            self.optim_wrapper = training.create_optim_in_bwd_wrapper(model=self.model, optim_dict=self.optim_dict)
+            for opt in self.optim_dict.values():  # train(): zero_grad every in-backward optimizer first
+                opt.zero_grad()
+        else:
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=LR, weight_decay=0.01, fused=True)
+            self.optim_dict = {}
         if s.loss == "chunked_output":
             self.loss_fn = CEWithChunkedOutputLoss(ignore_index=IGNORE_INDEX)
             self.model.set_num_output_chunks(self.loss_fn.num_output_chunks)
@@ -128,7 +154,8 @@ class Recipe:
                 tk.claim(p.grad, "gradients", side, "param.grad")
         for b in self.model.buffers():
             tk.claim(b, "weights", "device", "module.buffers")
-        for state in self.optimizer.state.values():
+        optimizers = [self.optimizer] if self.optimizer is not None else list(self.optim_dict.values())
+        for state in (st for opt in optimizers for st in opt.state.values()):
             for key, value in state.items():
                 if isinstance(value, torch.Tensor):
                     tk.claim(value, "optimizer_states", side, f"optimizer.state.{key}")
@@ -150,24 +177,28 @@ class Recipe:
         del logits, tokens, labels
         tk.context = None
         tk.set_phase("backward")
+        if s.optimizer_in_backward:  # normalized before backward, which steps every parameter
+            dist.all_reduce(num_tokens)
+            loss = loss * (dist.get_world_size() / num_tokens)
         tk.context = "logits"
         loss.backward()
         tk.context = None
         del loss
         self.walk()
         tk.set_phase("optimizer_step")
-        dist.all_reduce(num_tokens)
-        training.scale_grads(self.model, dist.get_world_size() / num_tokens)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        if not s.optimizer_in_backward:
+            dist.all_reduce(num_tokens)
+            training.scale_grads(self.model, dist.get_world_size() / num_tokens)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         self.walk()
 
 
-def _profile(tk: MemoryTracker, steps: int) -> dict:
+def _profile(tk: MemoryTracker, steps: int, side: str = "device") -> dict:
     """Per step phase: the largest peak over steps 2..N (step 1 makes AdamW's state), by category."""
     out = {}
     for phase in PHASES:
-        snaps = [tk.peaks[k] for k in ((st, phase, "device") for st in range(2, steps + 1)) if k in tk.peaks]
+        snaps = [tk.peaks[k] for k in ((st, phase, side) for st in range(2, steps + 1)) if k in tk.peaks]
         if snaps:
             best = max(snaps, key=lambda c: c.total)
             top = sorted(best.sites.items(), key=lambda kv: -kv[1])[:8]
@@ -175,11 +206,34 @@ def _profile(tk: MemoryTracker, steps: int) -> dict:
     return out
 
 
+class _NoPinning:
+    """CPUOffloadPolicy(pin_memory=True) on a CPU-only torch: `Tensor.pin_memory` needs an accelerator there. While
+    an offload job runs it returns the tensor itself (what the host keeps is the same bytes) and marks it pinned."""
+
+    def __init__(self, tk: MemoryTracker, on: bool):
+        self.tk, self.on = tk, on and not torch.cuda.is_available()
+        self.original = torch.Tensor.pin_memory
+
+    def __enter__(self):
+        if self.on:
+            tk = self.tk
+
+            def pin_memory(tensor, *args, **kwargs):
+                tk.mark_pinned(tensor)
+                return tensor
+
+            torch.Tensor.pin_memory = pin_memory
+        return self
+
+    def __exit__(self, *exc):
+        torch.Tensor.pin_memory = self.original
+
+
 def run_job(s, steps: int, rank: int) -> dict:
     tk = MemoryTracker(roots=ROOTS)
     install_patches(lambda: tk)
     started = time.time()
-    with tk:
+    with tk, _NoPinning(tk, s.fsdp_cpu_offload):
         tk.record = False
         tk.set_phase("load", 0)
         recipe = Recipe(s, tk)
@@ -190,10 +244,10 @@ def run_job(s, steps: int, rank: int) -> dict:
         generator = torch.Generator().manual_seed(1234 + rank)
         for step in range(1, steps + 1):
             recipe.step(step, generator)
-        profile = _profile(tk, steps)
+        profile, host = _profile(tk, steps), _profile(tk, steps, "host")
         del recipe
-    return {"rank": rank, "phases": profile, "params": params, "trainable": trainable,
-            "seconds": round(time.time() - started, 1)}
+    return {"rank": rank, "phases": profile, "host_phases": host, "pinned_peak": tk.pinned_peak, "params": params,
+            "trainable": trainable, "seconds": round(time.time() - started, 1)}
 
 
 def main(argv: list[str]) -> int:

@@ -92,3 +92,31 @@ def test_one_row_reruns_in_torchtunes_venv():
     saved = {r["name"]: r for r in BENCH.saved_rows()[0]}[RERUN_ROW]
     assert abs(row["measured"] - saved["measured"]) <= 0.01 * saved["measured"], (row["measured"], saved["measured"])
     assert abs(row["error_pct"]) <= TOLERANCE_PCT, row
+
+
+OFFLOAD_ROWS = [n for n, k in BENCH.ROWS.items() if k.get("fsdp_cpu_offload")]
+IN_BACKWARD_ROWS = [n for n, k in BENCH.ROWS.items() if k.get("optimizer_in_backward")]
+
+
+@pytest.mark.parametrize("name", OFFLOAD_ROWS)
+def test_cpu_offload_host_shards_within_5_percent(name):
+    """fsdp_cpu_offload: the sharded params, grads and AdamW states a rank keeps in host RAM (without the pinned
+    allocator's rounding, which a CPU run cannot see)."""
+    row = {r["name"]: r for r in BENCH.saved_rows()[0]}[name]
+    assert row["measured_host"] > 0
+    err = 100 * (row["estimate_host"] - row["measured_host"]) / row["measured_host"]
+    assert abs(err) <= TOLERANCE_PCT, (name, row["estimate_host"], row["measured_host"], f"{err:+.2f}%")
+
+
+@pytest.mark.parametrize("name", IN_BACKWARD_ROWS)
+def test_optimizer_in_backward_leaves_no_gradient_for_the_step(name):
+    """optimizer_in_bwd: the step phase holds the shards and AdamW's states only, measured and estimated."""
+    doc = {r["name"]: r for r in json.loads(BENCH.SAVED.read_text())["rows"]}
+    step = [rank["phases"]["optimizer_step"] for rank in doc[name]["ranks"]]
+    assert not any(p["parts"].get("gradients") for p in step), step
+    from memfit.roles.estimate import estimate
+
+    est = estimate(BENCH.scenario(BENCH.ROWS[name])).allocated.phases["optimizer_step"]
+    measured = max(p["total"] for p in step)
+    assert est.get("gradients") == 0 and abs(est.total - est.get("runtime_overhead") - measured) <= 0.02 * measured, (
+        est.parts, measured)

@@ -92,6 +92,10 @@ def states(s, tensors: list[ParamTensor]) -> ModelStates:
             and s.loss in ("chunked_output", "standard")):
         _loss_after_root(s, tensors, ms)
     fsdp_units.apply(s, tensors, ms, n)  # a framework's own wrapping (LitGPT: the root kept, FSDP1 flat units)
+    if s.steps_in_backward:
+        # each parameter is stepped and its gradient freed in its backward hook, after its reduce-scatter (torchtune
+        # register_optim_in_bwd_hooks; measured, bench/torchtune_distributed.py): no gradient is left for the step
+        ms.grads_after_backward = ms.grads_between_steps = ms.step_temporaries = 0
     if s.runs_autocast:  # fp32 params gathered under autocast (LitGPT lora.py's FSDP2): plain torch's weight casts
         plain.autocast_casts(s, tensors, ms)
         if s.checkpointing != "off":
