@@ -113,3 +113,16 @@ def release_facts(profile: str, versions: tuple[tuple[str, str], ...]) -> Releas
 def _fp32_variant(kind: str) -> str:
     """The kind of a framework that computes log-probs on fp32 logits, when the model's forward returned them."""
     return f"{kind}_fp32" if f"{kind}_fp32" in data_table("methods.toml")["logits"] else kind
+
+
+def expert_lora(arch: str, versions: tuple[tuple[str, str], ...] = ()) -> str:
+    """What PEFT LoRA does with a MoE family's routed experts under the run's transformers release (the one
+    given, else the pinned one): "linear" (transformers 4: one nn.Linear per expert and projection, LoRA on
+    each), else the family's peft_stacked_experts for transformers 5's stacked 3-D experts: "fused" (adapted
+    through target_parameters, the gate and up LoRA fused) or "none" (not adapted)."""
+    stored = release_range("transformers", dict(versions).get("transformers") or pinned()["transformers"])
+    if stored.get("moe_experts", "linear") == "linear":
+        return "linear"
+    from memfit.facts.catalog import architectures
+
+    return architectures()[arch].get("peft_stacked_experts", "fused")

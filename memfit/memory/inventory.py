@@ -11,6 +11,7 @@ from memfit.errors import MemfitError
 from memfit.facts.adapters import elements_of, facts_for, method_info, wraps
 from memfit.facts.frameworks import model_code
 from memfit.facts.peft_shapes import layer_sizes
+from memfit.facts.releases import expert_lora
 from memfit.facts.catalog import ModelSpec
 
 # Which roles a Linear computes and its (in, out) widths; fused modules sum the outputs.
@@ -180,17 +181,45 @@ def _targeted(t: ParamTensor, targets: tuple[str, ...], model: ModelSpec) -> boo
     return any(t.module == x or t.module.endswith("." + x) for x in targets) or any(r in targets for r in roles)
 
 
+def _lora_adapts(t: ParamTensor, targets: tuple[str, ...], model: ModelSpec, experts: str) -> bool:
+    """Whether PEFT LoRA adapts this base tensor; `experts` is what it does with the routed experts
+    (facts/releases.py expert_lora: "linear", "fused" or "none")."""
+    if t.kind == "router":  # an nn.Linear, save transformers 5's stacked families' router (a module of its own)
+        named = bool({"all-linear", "all", t.module} & set(targets))
+        return named and not (experts == "none" and t.module == "gate")
+    if ".experts." in t.name and experts == "none":
+        return False
+    if experts == "fused" and ".experts." not in t.name and set(model.linear_names.get(t.module, ())) & {"gate", "up",
+                                                                                                           "down"}:
+        return False  # PEFT turned these names into the stacked experts' target_parameters
+    return _targeted(t, targets, model)
+
+
+def _stacked_rank(t: ParamTensor, adapted: list[ParamTensor], model: ModelSpec, rank: int, dora: bool) -> int:
+    """lora_B's rank of a routed expert's projection under PEFT's target_parameters (lora.ParamWrapper): the
+    gate and up projections are one gate_up_proj parameter, whose LoRA has rank 2r (A: 2r x H, B: 2F x 2r)."""
+    roles = {r for a in adapted if ".experts." in a.name for r in model.linear_names.get(a.module, ())}
+    if dora:
+        raise MemfitError(f"PEFT refuses DoRA on {model.id}'s stacked experts (lora.ParamWrapper): leave the "
+                          "experts out of the targets")
+    if ("gate" in roles) != ("up" in roles):
+        raise MemfitError(f"{model.id} stores its experts' gate and up projections as one gate_up_proj: PEFT "
+                          "refuses to target one without the other")
+    return 2 * rank if set(model.linear_names.get(t.module, ())) & {"gate", "up"} else rank
+
+
 def lora_tensors(model: ModelSpec, tensors: list[ParamTensor], rank: int, targets: tuple[str, ...],
-                 dora: bool) -> list[ParamTensor]:
+                 dora: bool, experts: str = "linear") -> list[ParamTensor]:
     """PEFT LoRA: A (rank x in) and B (out x rank) per adapted Linear; DoRA adds a magnitude vector."""
+    adapted = [t for t in tensors if _lora_adapts(t, targets, model, experts)]
     adapters = []
-    for t in tensors:
-        if not _targeted(t, targets, model):
-            continue
+    for t in adapted:
+        b_rank = _stacked_rank(t, adapted, model, rank, dora) if experts == "fused" and ".experts." in t.name \
+            else rank
         adapters.append(ParamTensor(f"{t.name}.lora_A", rank * t.in_features, t.count, "lora", t.module,
                                     t.in_features, rank, t.per_layer))
-        adapters.append(ParamTensor(f"{t.name}.lora_B", rank * t.out_features, t.count, "lora", t.module,
-                                    rank, t.out_features, t.per_layer))
+        adapters.append(ParamTensor(f"{t.name}.lora_B", b_rank * t.out_features, t.count, "lora", t.module,
+                                    b_rank, t.out_features, t.per_layer))
         if dora:
             adapters.append(ParamTensor(f"{t.name}.lora_magnitude", t.out_features, t.count, "lora", t.module,
                                         per_layer=t.per_layer))
@@ -289,8 +318,10 @@ def _freeze_split(tensors: list[ParamTensor], model: ModelSpec, trainable_layers
 
 
 def tuned_tensors(model: ModelSpec, tuning: str, rank: int = 8, targets: tuple[str, ...] = ("all-linear",),
-                  dora: bool = False, trainable_layers: int = 2, virtual_tokens: int = 20) -> list[ParamTensor]:
-    """The inventory after applying the tuning method: frozen base, trainable parts, adapters."""
+                  dora: bool = False, trainable_layers: int = 2, virtual_tokens: int = 20,
+                  releases: tuple = ()) -> list[ParamTensor]:
+    """The inventory after applying the tuning method: frozen base, trainable parts, adapters (LoRA on a MoE's
+    experts as the given framework `releases`, else the pinned ones, store them)."""
     tensors = base_tensors(model)
     if tuning == "full":
         return tensors
@@ -307,7 +338,8 @@ def tuned_tensors(model: ModelSpec, tuning: str, rank: int = 8, targets: tuple[s
         return frozen
     if wraps(tuning) == "linear":
         return frozen + peft_tensors(model, tensors, tuning, rank, targets)
-    return frozen + lora_tensors(model, tensors, rank, targets, dora)
+    experts = expert_lora(model.arch, releases) if model.is_moe else "linear"
+    return frozen + lora_tensors(model, tensors, rank, targets, dora, experts)
 
 
 def saved_copies(model: ModelSpec, tensors: list[ParamTensor], modules: tuple[str, ...]) -> list[ParamTensor]:
@@ -349,7 +381,7 @@ def prompt_adapter_tensors(s, frozen: list[ParamTensor]) -> list[ParamTensor]:
 def scenario_tensors(s) -> list[ParamTensor]:
     """The inventory of a scenario's model under its tuning."""
     tensors = tuned_tensors(s.model, s.tuning, s.lora_rank, s.lora_targets, s.dora, s.freeze_trainable_layers,
-                            s.virtual_tokens)
+                            s.virtual_tokens, s.releases)
     if wraps(s.tuning) == "prompt_attention":
         tensors = prompt_adapter_tensors(s, tensors)
     if not s.uses_adapters:
