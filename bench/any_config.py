@@ -73,6 +73,11 @@ ARCHITECTURES: dict[str, dict] = {
     "glm4": dict(_DENSE, vocab_size=151552),  # GLM-4-0414 vocabulary
     "gemma3_text": dict(_DENSE, head_dim=128),
     "hunyuan_v1_dense": dict(_DENSE, head_dim=128),  # the config class leaves head_dim None (the model needs it)
+    "bloom": dict(hidden_size=1536, n_layer=8, n_head=16, vocab_size=250880),  # BLOOM-1b1; no SDPA path
+    "gemma2": dict(hidden_size=2304, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                   intermediate_size=9216, vocab_size=256000),  # Gemma-2-2B; no SDPA path
+    "qwen2_moe": dict(_DENSE, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=1024,
+                      shared_expert_intermediate_size=4096),
     "smollm3": dict(hidden_size=2048, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
                     intermediate_size=11008, vocab_size=128256),  # SmolLM3-3B (tied)
     **{t: dict(_DENSE) for t in ("qwen2", "qwen3", "phi3", "olmo", "olmo2", "starcoder2", "helium", "granite",
@@ -82,26 +87,22 @@ ARCHITECTURES: dict[str, dict] = {
 # test would fail), or whose activations the estimate cannot follow yet; printed as gaps, not compared. Unknown
 # families are read as Llama-style decoders.
 GAPS = {
-    "bloom": "no SDPA path in transformers 5.24 (BloomForCausalLM refuses attn_implementation='sdpa' and runs eager "
-             "when none is asked for), but memfit costs --attention sdpa for it as if it had one: the sdpa runs "
-             "cannot be traced, and memfit under-predicts a default run (no T^2 scores); eager runs agree (<0.2%)",
-    "falcon": "parameters now exact (multi_query -> one kv head); activations far off: FalconAttention passes one "
-              "broadcast kv head to SDPA without enable_gqa, so CUDA runs the math kernel (T^2 scores saved, memfit "
-              "50-85% under), and its eager path keeps a bf16 softmax without repeat_kv (memfit ~50-60% over)",
+    "falcon": "parameters exact (multi_query -> one kv head) and eager runs agree (0.0%, +0.6%), but SDPA is 1.6-4.2% "
+              "over (Falcon-7B sizes, 4 layers; full/full/4/4096 +4.2%): FalconAttention hands SDPA one broadcast kv "
+              "head without enable_gqa, so CUDA runs torch's math kernel (the trace picks kernels by CUDA's rules, "
+              "memfit/trace/cuda.py sdpa_backend), and memfit's backward moment adds a whole layer's MLP gradient "
+              "temporaries (B*T x (3*ffn + 2*hidden) x 2 B) to the math kernel's three fp32 B*H*T*T tensors, which the "
+              "trace never holds together (the same sum over-counts eager checkpointed layers)",
     "ministral": "unknown family; its config class leaves rope parameters the trace cannot build",
     "cohere": "unknown family (LayerNorm without bias, parallel block): read as Llama, over",
     "nemotron": "unknown family (relu2 up/down MLP, LayerNorm1p): read as Llama",
-    "gemma2": "no SDPA path in transformers 5.24 (Gemma2ForCausalLM refuses attn_implementation='sdpa'): the same gap as "
-              "bloom; eager runs agree within 2.3% (the 512-token full run under: not looked into)",
-    "qwen2_moe": "the traced PEFT 0.21.2 step adapts no routed expert of a qwen2_moe model (no expert delta is built; "
-                 "the shared expert's gate_proj / up_proj / down_proj Linears are adapted), but memfit's inventory "
-                 "adds LoRA to every expert: LoRA runs 7% over (full runs within 0.1%)",
     "apertus": "unknown family (xIELU up/down MLP): read as Llama, over",
 }
 # (tuning, checkpointing, micro-batch, sequence length, attention, autocast): every dimension's ends (issue 11:
 # full / LoRA, checkpointing off / full, micro-batch 1..4, 512..8192 tokens) plus both attention paths, with and
 # without HF Trainer's bf16=True autocast. The trace runs autocast with CUDA's op lists (memfit/trace/autocast.py):
-# softmax, layer_norm and pow in fp32, as a GPU does, not as CPU autocast would.
+# softmax, layer_norm and pow in fp32, as a GPU does, not as CPU autocast would. A run's "sdpa" is the default
+# attention: eager in a family transformers has no SDPA path for (scenario()).
 RUNS = (("full", "off", 1, 512, "eager", False), ("lora", "off", 4, 1024, "eager", True),
         ("full", "off", 2, 2048, "sdpa", True), ("lora", "off", 3, 4096, "sdpa", True),
         ("lora", "full", 1, 8192, "sdpa", True), ("full", "full", 4, 4096, "sdpa", True))
@@ -125,10 +126,15 @@ def write_config(folder: Path, model_type: str) -> Path:
 
 
 def scenario(config_path: Path, run: tuple):
+    """A run's "sdpa" is the profile's default attention: in a family transformers has no SDPA path for (BLOOM,
+    Gemma-2: ModelSpec.has_sdpa false) the knob is left unset, so memfit costs eager (transformers' own fallback, said
+    under "assumed") and the trace builds the model with eager, the attention transformers really runs."""
     tuning, ckpt, batch, seq, attn, autocast = run
+    model = find_model(str(config_path))
     knobs = {"engine": "single", "precision": "bf16-pure", "optimizer": "adamw-foreach", "tuning": tuning,
-             "checkpointing": ckpt, "micro_batch": batch, "seq_len": seq, "attention": attn, "autocast": autocast}
-    return build_scenario(find_model(str(config_path)), Hardware(gpu=find_gpu("a100-80gb"), gpus_per_node=1), knobs)
+             "checkpointing": ckpt, "micro_batch": batch, "seq_len": seq, "autocast": autocast,
+             "attention": attn if attn != "sdpa" or model.has_sdpa else None}
+    return build_scenario(model, Hardware(gpu=find_gpu("a100-80gb"), gpus_per_node=1), knobs)
 
 
 def _peak(phases: dict, parts: tuple[str, ...]) -> int:

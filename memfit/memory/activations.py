@@ -97,7 +97,7 @@ def _has_mask(s: Scenario) -> bool:
 def attention_per_token(s: Scenario, b: int) -> tuple[int, int, int]:
     """(saved bytes per token, saved bytes per token per key position, transient per token per key)."""
     saved, per_key_saved, per_key_transient = _kernel_per_token(s, b)
-    return saved + fused_qkv_rest(s, b), per_key_saved, per_key_transient
+    return saved + fused_qkv_rest(s, b, _has_mask(s)), per_key_saved, per_key_transient
 
 
 def _kernel_per_token(s: Scenario, b: int) -> tuple[int, int, int]:
@@ -130,7 +130,11 @@ def _kernel_per_token(s: Scenario, b: int) -> tuple[int, int, int]:
     probs = 4 if fp32_softmax else b
     pv_input = b if fp32_softmax or dropout else 0
     per_key_saved = m.num_heads * (probs + pv_input + (b if m.attn_softcap else 0) + (1 if dropout else 0))
-    per_key_transient = m.num_heads * (m.eager_score_bytes or b + b + probs)  # scores, masked scores, softmax
+    # 16-bit scores into an fp32 softmax: the masked scores and their fp32 copy (autocast and softmax(dtype=) convert
+    # first; CUDA fuses fp16 -> fp32 only), beside the softmax output when the layer does not save it (traced)
+    copy = 0 if s.precision.startswith("fp16") and not s.runs_autocast else 4
+    converted = b + copy + (4 if s.checkpointing != "off" else 0) if probs == 4 and b < 4 else None
+    per_key_transient = m.num_heads * (m.eager_score_bytes or converted or b + b + probs)
     qk = 4 if m.eager_qk_fp32 and not s.runs_autocast else b  # fp32 q, k copies saved by QK^T (GPT-J, no autocast)
     return qk * (q + repeated) + b * repeated, per_key_saved, per_key_transient
 
@@ -328,7 +332,7 @@ def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
         masks = rows * t * t * b  # 4D float mask (masking_utils eager_mask)
     elif s.attention == "sdpa" and _has_mask(s):
         masks = rows * t * t  # 4D bool mask
-        layer_saved += rows * t * t * b  # the mem-efficient kernel saves it as a bias in compute dtype
+        layer_saved += rows * t * t * b * (not m.sdpa_math)  # the mem-efficient kernel's bias (compute dtype)
     ckpt_layers, plain_layers = _checkpoint_split(s)
     offloaded = Recompute.of(s.checkpointing).on_host
     checkpoint = n * rb * m.hidden_size

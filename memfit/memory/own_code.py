@@ -84,14 +84,17 @@ def head_casts(s: Scenario) -> int:
     return -(-s.seq_len // chunk) if chunk and not s.trains_whole("lm_head") else 1
 
 
-def fused_qkv_rest(s: Scenario, b: int) -> int:
+def fused_qkv_rest(s: Scenario, b: int, masked: bool) -> int:
     """Bytes per token of one fused qkv output that stay saved because the SDPA kernel's saved v is a view of it
     (traced): a transformers family that splits it with views (GPT-NeoX), or a framework's own fused qkv (LitGPT)
     with as many kv heads as heads (else k, v are expanded copies). Eager's PV matmul reshapes v into a contiguous
-    copy and torch's math kernel saves fp32 copies (traced: neither keeps it); flash is assumed to keep it."""
+    copy and torch's math kernel saves fp32 copies (traced: neither keeps it); flash is assumed to keep it. With fewer
+    kv heads, a masked SDPA call gets repeat_kv's copies of k and v (traced on phi3 with 4 of 12)."""
     m = s.model
     own = model_code(s.profile).get("fused_qkv") and m.num_kv_heads == m.num_heads
     if not (m.sdpa_v_view or own) or s.attention == "eager" or s.attention == "sdpa" and m.sdpa_math:
+        return 0
+    if s.attention == "sdpa" and masked and m.num_kv_heads != m.num_heads:
         return 0
     return b * (m.num_heads + m.num_kv_heads) * m.head_dim
 

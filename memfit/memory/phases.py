@@ -106,6 +106,13 @@ def _backward(ms: ModelStates, act: Activations, runtime: int, head_grads: int, 
     if ms.regather:  # the root group all-gathered again as the logits' gradient reaches the model's output
         moments.append(dict(base, weights=sharded + ms.regather,
                             gradients=ms.grads_between_steps, activations=act.saved_total, logits_loss=logits_grad_out))
+    if ms.tied_embedding_grads:
+        # the tied weight's autograd input buffer holds the head's gradient (a transposed view, made at backward's
+        # start) when the embedding's dense gradient arrives, and sums the two out of place: three V x H gradients
+        # at once, every layer's activations gone (traced: aten.embedding_dense_backward + aten.add.Tensor)
+        tied = ms.tied_embedding_grads
+        moments.append(dict(base, gradients=max(reduced - tied, ms.grads_between_steps) + 3 * tied,
+                            activations=act.embedding_transient))
     if ms.head_reduce:
         moments.append(dict(base, weights=base["weights"] + saved_casts, activations=act.saved_total,
                             gradients=ms.grads_between_steps + ms.head_reduce))

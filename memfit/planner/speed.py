@@ -95,13 +95,14 @@ class ParamCounts:
 
 def param_counts(s: Scenario) -> ParamCounts:
     return _param_counts(s.model, s.tuning, s.lora_rank, s.lora_targets, s.dora, s.freeze_trainable_layers,
-                         s.virtual_tokens, s.modules_to_save if s.uses_adapters else ())
+                         s.virtual_tokens, s.modules_to_save if s.uses_adapters else (), s.releases)
 
 
 @cache
 def _param_counts(model: ModelSpec, tuning: str, rank: int, targets: tuple, dora: bool,
-                  trainable_layers: int, virtual_tokens: int = 20, modules_to_save: tuple = ()) -> ParamCounts:
-    tensors = tuned_tensors(model, tuning, rank, targets, dora, trainable_layers, virtual_tokens)
+                  trainable_layers: int, virtual_tokens: int = 20, modules_to_save: tuple = (),
+                  releases: tuple = ()) -> ParamCounts:
+    tensors = tuned_tensors(model, tuning, rank, targets, dora, trainable_layers, virtual_tokens, releases)
     tensors += saved_copies(model, tensors, modules_to_save)
     expert_share = model.experts_per_token / model.num_experts if model.is_moe else 1.0
 
@@ -263,7 +264,7 @@ def _optimizer_and_offload(s: Scenario, p: ParamCounts, bandwidth: float) -> tup
         fetch = traffic.weight_fetches * (p.total / n) * s.compute_bytes / _host_link(s, True)
         micro["offload_transfer"] = micro.get("offload_transfer", 0.0) + fetch * o["exposed_param_fetch"]
     gpu_step = local * (1.0 - host_share) * gpu_bytes / bandwidth
-    if s.optimizer_in_backward:
+    if s.steps_in_backward:
         gpu_step *= 1.0 - a["optimizer"]["in_backward_hidden"]
     step["optimizer"] = gpu_step
     if Recompute.of(s.checkpointing).on_host:

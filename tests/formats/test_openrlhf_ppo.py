@@ -165,7 +165,7 @@ def _fit(capsys, tmp_path, name: str, gpu: str) -> tuple[int, str]:
 
 
 # (example, a GPU where it does not fit and a plan the command can say does)
-FITS = [("dapo_llama3_8b_v0.10.sh", "a100-40gb"), ("ppo_llama3_8b_colocate_all_v0.9.sh", "l40s"),
+FITS = [("dapo_llama3_8b_v0.10.sh", "a100-40gb"), ("ppo_llama3_8b_colocate_all_v0.9.sh", "a100-40gb"),
         ("ppo_llama3_8b_split_gpus_v0.11.sh", "l40s"), ("prorl_r1_distill_1.5b_v0.11.sh", "l40s"),
         ("reinforce_baseline_llama3_8b_v0.9.sh", "a100-40gb")]
 

@@ -58,6 +58,8 @@ class ModelStates:
     grads_between_steps: int = 0  # gradient storage that exists during forward
     grads_after_backward: int = 0  # all gradient storage at the end of backward
     grads_unreduced: int = 0  # full-size grads of one module waiting for reduce-scatter
+    # a trainable embedding tied to the head: its gradient bytes (the head's and the embedding's meet at its backward)
+    tied_embedding_grads: int = 0
     # gradient bytes in flight while the output head's gradient is reduced, right after the head's backward
     # (every activation still saved, the loss buffers gone): ZeRO-1/2 offload
     head_reduce: int = 0

@@ -17,8 +17,8 @@ def _reads_as_head(s, t: ParamTensor) -> bool:
 def _fp32_under_autocast(s, t: ParamTensor) -> bool:
     if (s.frozen_fp32_in_module or s.tuning == "qlora" and s.kbit_upcast) and not t.trainable and _reads_as_head(s, t):
         return True  # an fp32 head (PEFT's kbit upcast too); a tied one multiplies by the embedding's fp32 weight
-    if t.kind not in ("linear", "lm_head", "lora") or t.quantized:
-        return False
+    if t.kind not in ("linear", "lm_head", "lora") and not _reads_as_head(s, t) or t.quantized:
+        return False  # a tied embedding's weight is the head's matmul operand: cast like a Linear's (traced)
     if t.kind == "lora" and s.tuning not in ("lora", "qlora", "ptuning"):
         return False  # other PEFT methods: the casts they save are in their layer facts (data/peft.toml)
     if t.trainable:
@@ -74,9 +74,8 @@ def states(s, tensors: list[ParamTensor]) -> ModelStates:
     if s.runs_autocast:
         autocast_casts(s, tensors, ms)
     if s.model.tie_embeddings:
-        # the tied embedding's backward makes a fresh dense gradient and adds it into the head's
-        ms.grads_unreduced = sum(t.total * trainable_dtype_bytes(s, t) for t in trainable if t.kind == "embedding")
-    if s.optimizer_in_backward:
+        ms.tied_embedding_grads = sum(t.total * trainable_dtype_bytes(s, t) for t in trainable if t.kind == "embedding")
+    if s.steps_in_backward:
         # the step runs inside backward per parameter, so only one gradient exists at a time, and the hook frees
         # it after stepping (torchtune register_optim_in_bwd_hooks: zero_grad, set_to_none): none between steps
         largest = max((t.numel * trainable_dtype_bytes(s, t) for t in trainable), default=0)
