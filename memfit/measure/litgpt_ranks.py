@@ -25,10 +25,10 @@ CudaAutocastPolicy, as the single-device trace does); see `_cuda_autocast_on_cpu
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
+
+from memfit.measure.ranks import claim_states, launch_module, patch_fsdp1
 
 HEAD_CHUNK = 128  # finetune/{lora,adapter,adapter_v2}.py: model(input_ids, lm_head_chunk_size=128)
 ROOTS = ("/torch/distributed/", "/torch/optim/", "/torch/utils/checkpoint", "/litgpt/", "/lightning/")
@@ -84,24 +84,6 @@ def strategy_for(method: str):
                         process_group_backend="gloo")
 
 
-def _patch_fsdp1(get_tracker) -> None:
-    """FSDP1 frees and re-allocates the unsharded flat parameter with `storage.resize_` (torch.distributed.utils
-    _alloc_storage / _free_storage), which the dispatcher does not see; re-read the size after each call."""
-    import torch.distributed.fsdp._flat_param as flat
-    import torch.distributed.utils as utils
-
-    def wrap(fn):
-        def resized(tensor, *args):
-            fn(tensor, *args)
-            tracker = get_tracker()
-            if tracker is not None:
-                tracker.refresh(tensor)
-        return resized
-
-    for name in ("_alloc_storage", "_free_storage"):
-        setattr(flat, name, wrap(getattr(utils, name)))
-
-
 def _cuda_autocast_on_cpu(fabric, precision: str):
     """The forward context a GPU run of this precision would enter, on the CPU: a CPU autocast region in its place
     (the policy entered around the whole loop makes its op lists CUDA's; it acts only inside a region, so it stays
@@ -114,29 +96,6 @@ def _cuda_autocast_on_cpu(fabric, precision: str):
     fabric.strategy.precision.forward_context = lambda: torch.autocast("cpu", dtype=dtype)
 
 
-def _walk(tk, gpt, optimizer) -> None:
-    """Claim the sharded params (FSDP1 flat shards behind the original params, FSDP2 DTensor shards), their
-    gradients and AdamW's state."""
-    for p in gpt.parameters():
-        tk.claim(p if hasattr(p, "_local_tensor") else p.data, "weights", "device", "module.params")
-        if p.grad is not None:
-            tk.claim(p.grad, "gradients", "device", "param.grad")
-    for m in gpt.modules():  # FSDP1: the flat parameters (their unsharded buffers too) and sharded gradients
-        f = getattr(m, "_flat_param", None)
-        if f is not None:
-            tk.claim(f.data, "weights", "device", "fsdp1.flat_param")
-            if getattr(f, "_full_param_padded", None) is not None:
-                tk.claim(f._full_param_padded, "weights", "device", "fsdp1.unsharded_flat_param")
-            if f.grad is not None:
-                tk.claim(f.grad, "gradients", "device", "fsdp1.flat_grad")
-    for b in gpt.buffers():
-        tk.claim(b, "weights", "device", "module.buffers")
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if hasattr(value, "untyped_storage") and key != "step":
-                tk.claim(value, "optimizer_states", "device", f"optimizer.state.{key}")
-
-
 def run_rank(run: dict) -> dict:
     import lightning as L
     import torch
@@ -146,7 +105,7 @@ def run_rank(run: dict) -> dict:
 
     current = {"tk": None}
     install_patches(lambda: current["tk"])
-    _patch_fsdp1(lambda: current["tk"])
+    patch_fsdp1(lambda: current["tk"])
     method = run["method"]
     module, mark_trainable = _modules(method)
     kwargs = dict(run["config"])
@@ -185,7 +144,7 @@ def run_rank(run: dict) -> dict:
         optimizer = fabric.setup_optimizers(optimizer)
         model.max_seq_length = seq  # fit(): min(longest sequence, train.max_seq_length)
         raw = model.module if hasattr(model, "module") else gpt
-        _walk(tk, raw, optimizer.optimizer)
+        claim_states(tk, raw, optimizer.optimizer)
         head = raw.lm_head if hasattr(raw, "lm_head") else raw.module.lm_head
 
         def enter_logits(mod, args):
@@ -221,7 +180,7 @@ def run_rank(run: dict) -> dict:
         model.train()
         logits = None  # fit()'s loop variable: alive until the next forward returns
         for step in range(1, run["steps"] + 1):
-            _walk(tk, raw, optimizer.optimizer)
+            claim_states(tk, raw, optimizer.optimizer)
             tk.set_phase("forward", step)
             ids = torch.randint(0, vocab, (mb, seq), generator=gen)
             targets = ids.clone()
@@ -237,12 +196,12 @@ def run_rank(run: dict) -> dict:
             tk.context = "logits"
             fabric.backward(loss)
             tk.context = None
-            _walk(tk, raw, optimizer.optimizer)
+            claim_states(tk, raw, optimizer.optimizer)
             tk.set_phase("optimizer_step", step)
             optimizer.step()
             optimizer.zero_grad()
             del loss, ids, targets
-        _walk(tk, raw, optimizer.optimizer)
+        claim_states(tk, raw, optimizer.optimizer)
         tk.set_phase("done", run["steps"] + 1)
     current["tk"] = None
     last = run["steps"]
@@ -267,40 +226,6 @@ def run_rank(run: dict) -> dict:
                          "lightning": version("lightning")}}
 
 
-def _free_port() -> int:
-    """A port no other job on the machine holds (other measure runs may be rendezvousing at the same time)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def launch(run: dict, timeout: int = 1200) -> list[dict]:
-    """Both ranks of one run as subprocesses of this one; their results, rank 0 first."""
-    import tempfile
-
-    port = _free_port()
-
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = []
-        for rank in range(2):
-            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE="2",
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-            out = Path(tmp) / f"rank{rank}.json"
-            procs.append((subprocess.Popen([sys.executable, "-m", "memfit.measure.litgpt_ranks", "--rank",
-                                            json.dumps(run), str(out)], env=env, stdout=subprocess.DEVNULL,
-                                           stderr=subprocess.PIPE, text=True),
-                          out))
-        results = []
-        for proc, out in procs:
-            _, err = proc.communicate(timeout=timeout)
-            if proc.returncode:
-                raise RuntimeError(f"rank failed: {err.strip().splitlines()[-5:]}")
-            results.append(json.loads(out.read_text()))
-    return sorted(results, key=lambda r: r["rank"])
-
-
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "--rank":
         result = run_rank(json.loads(argv[1]))
@@ -308,7 +233,7 @@ def main(argv: list[str]) -> int:
         return 0
     runs = [json.loads(line) for line in sys.stdin if line.strip()]
     for run in runs:
-        print(json.dumps({"run": run, "ranks": launch(run)}), flush=True)
+        print(json.dumps({"run": run, "ranks": launch_module("memfit.measure.litgpt_ranks", run)}), flush=True)
     return 0
 
 

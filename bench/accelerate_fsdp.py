@@ -1,0 +1,116 @@
+"""`memfit estimate --profile hf-trainer --fsdp` vs HF Trainer's FSDP path (accelerate's own FSDP1 / FSDP2) on 2 ranks.
+
+    python bench/accelerate_fsdp.py [--save] [--saved]
+
+Each row runs memfit/measure/accelerate_ranks.py on a small Llama (bench/engine.py's llama-22m dims, untied head,
+bf16 weights, no autocast, fused AdamW, checkpointing by transformers' default kwargs, SDPA without a mask): once on 2
+gloo ranks through accelerate's FSDP1 or FSDP2 preparation as the Trainer makes it, once on one process without
+FSDP. A CPU's SDPA kernel and autocast are not CUDA's, so the activations of a CPU run are not a GPU's; they are the
+same in both runs, so the difference of the two peaks is what FSDP does to the step, and it is compared with the
+estimate's own difference (2 GPUs under FSDP minus one GPU). The peak of the 2-rank run is shown beside it.
+
+memfit models one FSDP for the hf-trainer profile. transformers' TrainingArguments picks FSDP1 up to 5.9 and FSDP2
+from 5.10 (`fsdp_config.get("version", ...)`, read from the wheels); an accelerate config says fsdp_version itself
+(default 1). `--save` keeps the measured rows, with the versions, in bench/accelerate_fsdp.json; `--saved` compares
+them with the estimate without running anything.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+SAVED = HERE / "accelerate_fsdp.json"
+MIB = 2**20
+DIMS = dict(hidden=384, layers=6, heads=6, kv_heads=2, inter=1024, vocab=16000)
+BATCH = dict(micro_batch=2, seq_len=256, steps=3)
+ROWS = {f"{tuning} fsdp{version}": {"tuning": tuning, "fsdp_version": version}
+        for tuning in ("full", "lora") for version in (1, 2)}
+
+
+def _runs(name: str) -> list[dict]:
+    row = ROWS[name]
+    base = {"dims": DIMS, "checkpointing": True, **BATCH, "tuning": row["tuning"], "fsdp_version": row["fsdp_version"]}
+    return [{**base, "world": 2}, {**base, "world": 1}]
+
+
+def measure(names: list[str]) -> dict[str, dict]:
+    """name -> {"fsdp": per-rank results, "single": the one process's}."""
+    lines = "".join(json.dumps(run) + "\n" for name in names for run in _runs(name))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, "-m", "memfit.measure.accelerate_ranks"], input=lines, text=True,
+                          capture_output=True, env=env, timeout=3600)
+    if done.returncode:
+        raise SystemExit(done.stderr[-2000:])
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    return {name: {"fsdp": results[2 * i]["ranks"], "single": results[2 * i + 1]["ranks"]}
+            for i, name in enumerate(names)}
+
+
+def estimate_peak(name: str, gpus: int) -> int:
+    """The estimate's allocated peak over the step phases, without the runtime overhead a CPU run cannot see."""
+    from engine import tiny
+    from memfit.facts.catalog import find_gpu
+    from memfit.facts.profiles import build_scenario
+    from memfit.facts.scenario import Hardware
+    from memfit.roles.estimate import estimate
+
+    d, row = DIMS, ROWS[name]
+    spec = tiny("llama", "bench/llama-22m", hidden=d["hidden"], layers=d["layers"], heads=d["heads"],
+                kv=d["kv_heads"], inter=d["inter"], vocab=d["vocab"])
+    knobs = {"tuning": row["tuning"], "lora_rank": 8 if row["tuning"] == "lora" else None, "precision": "bf16-pure",
+             "autocast": False, "optimizer": "adamw-fused", "checkpointing": "full", "attention": "sdpa",
+             "padding": "packed", "micro_batch": BATCH["micro_batch"], "seq_len": BATCH["seq_len"],
+             "engine": "fsdp" if gpus > 1 else "single"}
+    est = estimate(build_scenario(spec, Hardware(gpu=find_gpu("a100-80gb"), gpus_per_node=gpus), knobs,
+                                  "hf-trainer")).allocated
+    return max(est.phases[p].total - est.phases[p].get("runtime_overhead")
+               for p in ("forward", "backward", "optimizer_step"))
+
+
+def compare(name: str, measured: dict) -> dict:
+    fsdp = max(r["peak"] for r in measured["fsdp"])
+    single = measured["single"][0]["peak"]
+    est_fsdp, est_single = estimate_peak(name, 2), estimate_peak(name, 1)
+    return {"name": name, "measured": fsdp, "measured_single": single, "estimate": est_fsdp,
+            "estimate_single": est_single, "error_pct": 100 * (est_fsdp - fsdp) / fsdp,
+            "delta_error_pct": 100 * ((est_fsdp - est_single) - (fsdp - single)) / fsdp}
+
+
+def table(rows: list[dict]) -> str:
+    head = f"{'row':<12} {'2 ranks':>9} {'1 rank':>9} {'FSDP -':>9} {'memfit':>9} {'memfit -':>9} {'total':>7} {'FSDP':>7}"
+    out = [head, f"{'':<12} {'MiB':>9} {'MiB':>9} {'1 rank':>9} {'2 GPUs':>9} {'1 GPU':>9} {'err %':>7} {'err %':>7}"]
+    for r in rows:
+        out.append(f"{r['name']:<12} {r['measured'] / MIB:9.2f} {r['measured_single'] / MIB:9.2f} "
+                   f"{(r['measured'] - r['measured_single']) / MIB:9.2f} {r['estimate'] / MIB:9.2f} "
+                   f"{(r['estimate'] - r['estimate_single']) / MIB:9.2f} {r['error_pct']:+7.2f} "
+                   f"{r['delta_error_pct']:+7.2f}")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--save", action="store_true", help="write the measured rows to accelerate_fsdp.json")
+    ap.add_argument("--saved", action="store_true", help="compare the saved rows, running nothing")
+    args = ap.parse_args(argv)
+    if args.saved:
+        measured = json.loads(SAVED.read_text())["rows"]
+    else:
+        measured = measure(list(ROWS))
+        if args.save:
+            versions = next(iter(measured.values()))["fsdp"][0]["versions"]
+            SAVED.write_text(json.dumps({"versions": versions, "rows": measured}, indent=1) + "\n")
+    print(table([compare(name, m) for name, m in measured.items()]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,153 @@
+"""HF Trainer's FSDP path run for real on 2 gloo ranks (CPU): accelerate's own preparation, memory by category per rank.
+
+    python -m memfit.measure.accelerate_ranks < RUNS.jsonl      # one JSON run per line; prints one result per line
+
+A run with "world": 1 does the same step on one process without FSDP (bench/accelerate_fsdp.py compares the two).
+
+Each rank does what transformers' Trainer does with `fsdp=True` (5.24, `_inner_training_loop`) on a small Llama built
+from a config:
+  - the plugin arguments `TrainingArguments(fsdp_config={"version": V, "transformer_layer_cls_to_wrap": [...]})`
+    computes itself (`fsdp_plugin_args`: FSDP1 FULL_SHARD, use_orig_params, NO_PREFETCH; FSDP2 reshard_after_forward),
+    handed to accelerate's FullyShardedDataParallelPlugin;
+  - PEFT LoRA: transformers' `update_fsdp_plugin_peft` (PEFT's fsdp_auto_wrap_policy: each trainable Linear its own
+    unit under FSDP1);
+  - FSDP1: `accelerator.prepare(model)`, then the optimizer over the wrapped model's parameters and its prepare;
+    FSDP2: `accelerator.prepare(model, optimizer)` together (accelerate refuses FSDP2 otherwise);
+  - steps of forward with labels (the model's own loss), `accelerator.backward`, `optimizer.step()`, `zero_grad`.
+On a CPU accelerate picks MULTI_CPU (DDP) before it looks at FSDP, so the state is set to FSDP by hand, FSDP1 gets
+the CPU as its device (it refuses device_id=None without an accelerator) and no sync_module_states (it needs one);
+nothing else changes. Every storage is
+counted by memfit.measure.tracker; on a CPU every tensor is "device".
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from memfit.measure.ranks import claim_states, launch_module, patch_fsdp1
+
+ROOTS = ("/torch/distributed/", "/torch/optim/", "/torch/utils/checkpoint", "/accelerate/", "/peft/", "/transformers/")
+
+
+def _model(run: dict):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    d = run["dims"]
+    config = LlamaConfig(hidden_size=d["hidden"], num_hidden_layers=d["layers"], num_attention_heads=d["heads"],
+                         num_key_value_heads=d["kv_heads"], intermediate_size=d["inter"], vocab_size=d["vocab"],
+                         tie_word_embeddings=False, attn_implementation="sdpa")
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    if run["tuning"] == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=8, target_modules="all-linear", lora_dropout=0.0))
+    if run["checkpointing"]:
+        model.gradient_checkpointing_enable()  # the Trainer's call, with transformers' own default kwargs
+    return model
+
+
+def _prepared(run: dict, model):
+    """The model and optimizer as the Trainer's accelerator leaves them."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from transformers import TrainingArguments
+    from transformers.distributed.fsdp import update_fsdp_plugin_peft
+
+    version = run["fsdp_version"]
+    args = TrainingArguments(output_dir="/tmp/memfit-accelerate-ranks", use_cpu=True, fsdp=True, report_to=[],
+                             fsdp_config={"version": version, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]})
+    accelerator = Accelerator(cpu=True)
+    accelerator.state.distributed_type = DistributedType.FSDP
+    # sync_module_states broadcasts rank 0's weights at wrap time from a device module; a CPU has none (and every
+    # rank builds the same seeded model here)
+    plugin_args = {**args.fsdp_plugin_args, **({"sync_module_states": False} if version == 1 else {})}
+    accelerator.state.fsdp_plugin = FullyShardedDataParallelPlugin(**plugin_args)
+    original = FullyShardedDataParallel.__init__
+
+    def on_cpu(fsdp, *a, device_id=None, **k):
+        original(fsdp, *a, device_id=torch.device("cpu"), **k)
+
+    FullyShardedDataParallel.__init__ = on_cpu
+    try:
+        if version == 2:
+            optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], fused=True)
+            return (*accelerator.prepare(model, optimizer), accelerator)
+        if run["tuning"] == "lora":
+            update_fsdp_plugin_peft(model, accelerator)
+        model = accelerator.prepare(model)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], fused=True)
+        return model, accelerator.prepare(optimizer), accelerator
+    finally:
+        FullyShardedDataParallel.__init__ = original
+
+
+def run_rank(run: dict) -> dict:
+    import torch
+
+    from memfit.measure.patches import install_patches
+    from memfit.measure.tracker import MemoryTracker
+
+    current = {"tk": None}
+    install_patches(lambda: current["tk"])
+    patch_fsdp1(lambda: current["tk"])
+    tk = MemoryTracker(roots=ROOTS)
+    tk.rules.insert(0, ("fsdp/_flat_param.py:init_flat_param_attributes", "weights", "device"))
+    current["tk"] = tk
+    rank = int(os.environ["RANK"])
+    if run["world"] == 1:
+        torch.distributed.init_process_group("gloo")  # as on several ranks, so the processes differ in nothing else
+    with tk:
+        tk.set_phase("load", 0)
+        if run["world"] > 1:
+            model, optimizer, accelerator = _prepared(run, _model(run))
+        else:  # the same step on one device: what the FSDP run is compared against
+            model, accelerator = _model(run), None
+            optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], fused=True)
+        inner = getattr(optimizer, "optimizer", optimizer)
+        gen = torch.Generator().manual_seed(rank)
+        for step in range(1, run["steps"] + 1):
+            claim_states(tk, model, inner)
+            tk.set_phase("forward", step)
+            ids = torch.randint(0, run["dims"]["vocab"], (run["micro_batch"], run["seq_len"]), generator=gen)
+            loss = model(input_ids=ids, labels=ids).loss
+            tk.set_phase("backward", step)
+            accelerator.backward(loss) if accelerator else loss.backward()
+            claim_states(tk, model, inner)
+            tk.set_phase("optimizer_step", step)
+            optimizer.step()
+            optimizer.zero_grad()
+            del loss, ids
+        tk.set_phase("done", run["steps"] + 1)
+    current["tk"] = None
+    phases = {}
+    for phase in ("forward", "backward", "optimizer_step"):
+        snaps = [snap for (step, ph, side), snap in tk.peaks.items()
+                 if str(step) == str(run["steps"]) and side == "device" and ph == phase]
+        if snaps:
+            phases[phase] = dict(max(snaps, key=lambda x: x.total).parts)
+    from importlib.metadata import version
+
+    return {"rank": rank, "phases": phases, "peak": max(sum(p.values()) for p in phases.values()),
+            "versions": {name: version(name) for name in ("torch", "transformers", "accelerate", "peft")}}
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--rank":
+        from pathlib import Path
+
+        Path(argv[2]).write_text(json.dumps(run_rank(json.loads(argv[1]))))
+        return 0
+    for line in sys.stdin:
+        if line.strip():
+            run = json.loads(line)
+            ranks = launch_module("memfit.measure.accelerate_ranks", run, world=run["world"])
+            print(json.dumps({"run": run, "ranks": ranks}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
