@@ -2,17 +2,17 @@
 
     python bench/accelerate_fsdp.py [--save] [--saved]
 
-Each row runs memfit/measure/accelerate_ranks.py on a small Llama (bench/engine.py's llama-22m dims, untied head,
-bf16 weights, no autocast, fused AdamW, checkpointing by transformers' default kwargs, SDPA without a mask): once on 2
-gloo ranks through accelerate's FSDP1 or FSDP2 preparation as the Trainer makes it, once on one process without
-FSDP. A CPU's SDPA kernel and autocast are not CUDA's, so the activations of a CPU run are not a GPU's; they are the
-same in both runs, so the difference of the two peaks is what FSDP does to the step, and it is compared with the
-estimate's own difference (2 GPUs under FSDP minus one GPU). The peak of the 2-rank run is shown beside it.
+Each row runs memfit/measure/accelerate_ranks.py on a small Llama (MODELS below: bf16 weights, no autocast, fused
+AdamW, checkpointing by transformers' default kwargs, SDPA without a mask): once on 2 gloo ranks through accelerate's
+FSDP1 or FSDP2 preparation as the Trainer makes it, once on one process without FSDP. A CPU's SDPA kernel and autocast
+are not CUDA's, so the activations of a CPU run are not a GPU's; they are the same in both runs, so the difference of
+the two peaks is what FSDP does to the step, and it is compared with the estimate's own difference (2 GPUs under FSDP
+minus one GPU, with the row's --fsdp-version). The peak of the 2-rank run is shown beside it.
 
-memfit models one FSDP for the hf-trainer profile. transformers' TrainingArguments picks FSDP1 up to 5.9 and FSDP2
-from 5.10 (`fsdp_config.get("version", ...)`, read from the wheels); an accelerate config says fsdp_version itself
-(default 1). `--save` keeps the measured rows, with the versions, in bench/accelerate_fsdp.json; `--saved` compares
-them with the estimate without running anything.
+transformers' TrainingArguments picks FSDP1 up to 5.9 and FSDP2 from 5.10.0 (`fsdp_config.get("version", ...)`, read
+from the wheels); an accelerate config says fsdp_version itself (default 1). memfit models each as accelerate lays it
+out (memfit/memory/states/accelerate_fsdp.py). `--save` keeps the measured rows, with the versions, in
+bench/accelerate_fsdp.json; `--saved` compares them with the estimate without running anything.
 """
 from __future__ import annotations
 
@@ -30,15 +30,34 @@ sys.path.insert(0, str(HERE))
 
 SAVED = HERE / "accelerate_fsdp.json"
 MIB = 2**20
-DIMS = dict(hidden=384, layers=6, heads=6, kv_heads=2, inter=1024, vocab=16000)
-BATCH = dict(micro_batch=2, seq_len=256, steps=3)
-ROWS = {f"{tuning} fsdp{version}": {"tuning": tuning, "fsdp_version": version}
-        for tuning in ("full", "lora") for version in (1, 2)}
+# three small Llamas: the engine bench's (layers and embedding alike), one whose embedding and head outweigh a layer
+# four times (what the root / tail units hold shows), one whose layers outweigh the rest (what a layer's gather and
+# reduce hold shows); each with the batch that keeps its activations small beside what FSDP holds
+MODELS = {
+    "llama-22m": (dict(hidden=384, layers=6, heads=6, kv_heads=2, inter=1024, vocab=16000),
+                  dict(micro_batch=2, seq_len=256, steps=3)),
+    "wide-vocab": (dict(hidden=256, layers=4, heads=4, kv_heads=4, inter=1024, vocab=16384),
+                   dict(micro_batch=1, seq_len=16, steps=2)),
+    "wide-layer": (dict(hidden=512, layers=4, heads=8, kv_heads=8, inter=4096, vocab=256),
+                   dict(micro_batch=1, seq_len=32, steps=2)),
+}
+# TrainingArguments' own FSDP1 plugin arguments prefetch nothing in backward; accelerate config files (LLaMA-Factory's
+# examples/accelerate/fsdp_config.yaml, fms-acceleration's) write BACKWARD_PRE, which memfit assumes
+PREFETCH = {"backward_prefetch": "BACKWARD_PRE"}
+ROWS = {
+    **{f"{t} fsdp{v}": dict(model="llama-22m", tuning=t, fsdp_version=v) for t in ("full", "lora") for v in (1, 2)},
+    **{f"{m} {t} fsdp{v}": dict(model=m, tuning=t, fsdp_version=v, fsdp_config=PREFETCH if v == 1 else {})
+       for m in ("wide-vocab", "wide-layer") for t in ("full", "lora") for v in (1, 2)},
+    **{f"wide-vocab tied full fsdp{v}": dict(model="wide-vocab", tuning="full", fsdp_version=v, tied=True,
+                                             fsdp_config=PREFETCH if v == 1 else {}) for v in (1, 2)},
+}
 
 
 def _runs(name: str) -> list[dict]:
     row = ROWS[name]
-    base = {"dims": DIMS, "checkpointing": True, **BATCH, "tuning": row["tuning"], "fsdp_version": row["fsdp_version"]}
+    dims, batch = MODELS[row["model"]]
+    base = {"dims": dims, "checkpointing": True, **batch, "tuning": row["tuning"], "fsdp_version": row["fsdp_version"],
+            "fsdp_config": row.get("fsdp_config", {}), "tied": row.get("tied", False)}
     return [{**base, "world": 2}, {**base, "world": 1}]
 
 
@@ -63,13 +82,15 @@ def estimate_peak(name: str, gpus: int) -> int:
     from memfit.facts.scenario import Hardware
     from memfit.roles.estimate import estimate
 
-    d, row = DIMS, ROWS[name]
-    spec = tiny("llama", "bench/llama-22m", hidden=d["hidden"], layers=d["layers"], heads=d["heads"],
-                kv=d["kv_heads"], inter=d["inter"], vocab=d["vocab"])
+    row = ROWS[name]
+    d, batch = MODELS[row["model"]]
+    spec = tiny("llama", f"bench/{row['model']}", hidden=d["hidden"], layers=d["layers"], heads=d["heads"],
+                kv=d["kv_heads"], inter=d["inter"], vocab=d["vocab"], tie=row.get("tied", False))
     knobs = {"tuning": row["tuning"], "lora_rank": 8 if row["tuning"] == "lora" else None, "precision": "bf16-pure",
              "autocast": False, "optimizer": "adamw-fused", "checkpointing": "full", "attention": "sdpa",
-             "padding": "packed", "micro_batch": BATCH["micro_batch"], "seq_len": BATCH["seq_len"],
-             "engine": "fsdp" if gpus > 1 else "single"}
+             "padding": "packed", "micro_batch": batch["micro_batch"], "seq_len": batch["seq_len"],
+             "engine": "fsdp" if gpus > 1 else "single",
+             "fsdp_version": row["fsdp_version"] if gpus > 1 else None}
     est = estimate(build_scenario(spec, Hardware(gpu=find_gpu("a100-80gb"), gpus_per_node=gpus), knobs,
                                   "hf-trainer")).allocated
     return max(est.phases[p].total - est.phases[p].get("runtime_overhead")
@@ -86,10 +107,10 @@ def compare(name: str, measured: dict) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    head = f"{'row':<12} {'2 ranks':>9} {'1 rank':>9} {'FSDP -':>9} {'memfit':>9} {'memfit -':>9} {'total':>7} {'FSDP':>7}"
-    out = [head, f"{'':<12} {'MiB':>9} {'MiB':>9} {'1 rank':>9} {'2 GPUs':>9} {'1 GPU':>9} {'err %':>7} {'err %':>7}"]
+    head = f"{'row':<28} {'2 ranks':>9} {'1 rank':>9} {'FSDP -':>9} {'memfit':>9} {'memfit -':>9} {'total':>7} {'FSDP':>7}"
+    out = [head, f"{'':<28} {'MiB':>9} {'MiB':>9} {'1 rank':>9} {'2 GPUs':>9} {'1 GPU':>9} {'err %':>7} {'err %':>7}"]
     for r in rows:
-        out.append(f"{r['name']:<12} {r['measured'] / MIB:9.2f} {r['measured_single'] / MIB:9.2f} "
+        out.append(f"{r['name']:<28} {r['measured'] / MIB:9.2f} {r['measured_single'] / MIB:9.2f} "
                    f"{(r['measured'] - r['measured_single']) / MIB:9.2f} {r['estimate'] / MIB:9.2f} "
                    f"{(r['estimate'] - r['estimate_single']) / MIB:9.2f} {r['error_pct']:+7.2f} "
                    f"{r['delta_error_pct']:+7.2f}")

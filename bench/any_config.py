@@ -78,6 +78,8 @@ ARCHITECTURES: dict[str, dict] = {
                    intermediate_size=9216, vocab_size=256000),  # Gemma-2-2B; no SDPA path
     "qwen2_moe": dict(_DENSE, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=1024,
                       shared_expert_intermediate_size=4096),
+    "falcon": dict(hidden_size=4544, num_hidden_layers=4, num_attention_heads=71, vocab_size=65024, multi_query=True,
+                   new_decoder_architecture=False, parallel_attn=True, bias=False),  # Falcon-7B
     "smollm3": dict(hidden_size=2048, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
                     intermediate_size=11008, vocab_size=128256),  # SmolLM3-3B (tied)
     **{t: dict(_DENSE) for t in ("qwen2", "qwen3", "phi3", "olmo", "olmo2", "starcoder2", "helium", "granite",
@@ -87,12 +89,6 @@ ARCHITECTURES: dict[str, dict] = {
 # test would fail), or whose activations the estimate cannot follow yet; printed as gaps, not compared. Unknown
 # families are read as Llama-style decoders.
 GAPS = {
-    "falcon": "parameters exact (multi_query -> one kv head) and eager runs agree (0.0%, +0.6%), but SDPA is 1.6-4.2% "
-              "over (Falcon-7B sizes, 4 layers; full/full/4/4096 +4.2%): FalconAttention hands SDPA one broadcast kv "
-              "head without enable_gqa, so CUDA runs torch's math kernel (the trace picks kernels by CUDA's rules, "
-              "memfit/trace/cuda.py sdpa_backend), and memfit's backward moment adds a whole layer's MLP gradient "
-              "temporaries (B*T x (3*ffn + 2*hidden) x 2 B) to the math kernel's three fp32 B*H*T*T tensors, which the "
-              "trace never holds together (the same sum over-counts eager checkpointed layers)",
     "ministral": "unknown family; its config class leaves rope parameters the trace cannot build",
     "cohere": "unknown family (LayerNorm without bias, parallel block): read as Llama, over",
     "nemotron": "unknown family (relu2 up/down MLP, LayerNorm1p): read as Llama",

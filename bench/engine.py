@@ -62,7 +62,9 @@ def scenario(spec: ModelSpec, engine: str = "deepspeed", stage: int = 2, offload
                      reduce_bucket_size=h * h, prefetch_bucket_size=int(0.9 * h * h),
                      param_persistence_threshold=10 * h, sub_group_size=sub_group or 1_000_000_000)
     elif engine == "fsdp":
-        knobs = dict(fsdp_strategy="full_shard")
+        # memfit measure's FsdpRunner calls fully_shard on each layer and then the model, as a plain loop does (the
+        # HF Trainer's accelerate layout is bench/accelerate_fsdp.py's)
+        knobs = dict(fsdp_strategy="full_shard", profile="peft-loop")
     return Scenario(model=spec, hardware=hw, engine=engine, **knobs,
                     tuning="lora" if lora else "full", lora_rank=16,
                     precision="bf16-mixed", optimizer="adamw-fused", micro_batch=MICRO_BATCH, seq_len=SEQ,

@@ -8,7 +8,8 @@ A band is the share of the estimated device total by which a real run may exceed
 - measured: the 95th percentile (nearest rank) of the trace rows' under-prediction (trace / estimate - 1) for
   the kind's tuning (bench/accuracy.py's grid: the real transformers/PEFT step on fake tensors, one GPU, from
   bench/trace_cache.json), plus the same over the engine rows of the kind's engine family (bench/engine.py's
-  rows: the real DeepSpeed / FSDP / DDP engine on 2 gloo ranks, from bench/engine_measured.json, its --save);
+  rows: the real DeepSpeed / FSDP / DDP engine on 2 gloo ranks, from bench/engine_measured.json, its --save; and
+  bench/accelerate_fsdp.py's rows, HF Trainer's FSDP1 / FSDP2 through accelerate, from bench/accelerate_fsdp.json);
   a single GPU adds no engine part (the trace is its whole step). Both compare with the estimator as it is
   now, so a change of the estimate that moves a bench error fails --check until the table is rewritten. Over-predictions count as negative errors; a quantile below zero counts as zero. Both benches compare
   allocated bytes; relative to the larger device total the same bytes are a smaller share, so using them as
@@ -39,6 +40,7 @@ from memfit.facts.error_bands import TABLE, family_of, tuning_group  # noqa: E40
 QUANTILE = 0.95
 TRACE = ROOT / "bench" / "trace_cache.json"
 ENGINE = ROOT / "bench" / "engine_measured.json"
+ACCELERATE = ROOT / "bench" / "accelerate_fsdp.json"  # HF Trainer's FSDP1 / FSDP2 through accelerate, 2 gloo ranks
 ALLOWANCES = TABLE.parent / "error_allowances.toml"
 
 
@@ -71,7 +73,18 @@ def engine_doc() -> dict:
     if len(saved) != len(scenarios):
         raise SystemExit(f"{ENGINE.name} holds {len(saved)} rows, bench/engine.py has {len(scenarios)}: "
                          f"re-measure with python bench/engine.py --save {ENGINE.relative_to(ROOT)}")
-    return {"rows": [engine.compare(s, MeasureResult.from_json(r)) for s, r in zip(scenarios, saved)]}
+    rows = [engine.compare(s, MeasureResult.from_json(r)) for s, r in zip(scenarios, saved)]
+    return {"rows": rows + accelerate_rows()}
+
+
+def accelerate_rows() -> list[dict]:
+    """bench/accelerate_fsdp.py's saved rows against the estimate, labelled as engine rows ("fsdp1 accelerate")."""
+    import accelerate_fsdp
+
+    saved = json.loads(ACCELERATE.read_text())["rows"]
+    return [{"config": f"fsdp{accelerate_fsdp.ROWS[name]['fsdp_version']} accelerate",
+             "tuning": accelerate_fsdp.ROWS[name]["tuning"], **accelerate_fsdp.compare(name, measured)}
+            for name, measured in saved.items()]
 
 
 def trace_rows(doc: dict) -> dict[str, list[float]]:
@@ -132,10 +145,10 @@ def render(dates: dict[str, str] | None = None) -> str:
     """The table's text. `dates` (source -> date) pins the dates, so --check compares numbers, not calendars."""
     with open(ALLOWANCES, "rb") as f:
         families = tomllib.load(f)["family"]
-    dates = dates or {"trace": file_date(TRACE), "engine": file_date(ENGINE)}
+    dates = dates or {"trace": file_date(TRACE), "engine": max(file_date(ENGINE), file_date(ACCELERATE))}
     trace, engine = trace_rows(trace_doc()), engine_rows(engine_doc())
     trace_src = f"{TRACE.relative_to(ROOT)} {dates['trace']}"
-    engine_src = f"{ENGINE.relative_to(ROOT)} {dates['engine']}"
+    engine_src = f"{ENGINE.relative_to(ROOT)} + {ACCELERATE.name} {dates['engine']}"
     out = [
         "# Error bands: the share of memfit's estimated device total by which a real run may exceed it, per kind",
         "# of run (FAMILY/TUNING). WRITTEN BY `python bench/error_bands.py --write`; `--check` fails when it",
@@ -148,8 +161,10 @@ def render(dates: dict[str, str] | None = None) -> str:
         'what = "the analytic estimate vs a fake-tensor trace of the real transformers/PEFT step (one GPU, allocated)"',
         f'path = "{TRACE.relative_to(ROOT)}"\ndate = "{dates["trace"]}"\nrows = {sum(map(len, trace.values()))}\n',
         "[source.engine]",
-        'what = "the estimate vs the real DeepSpeed / FSDP / DDP engine, 2 gloo ranks on the CPU (allocated)"',
-        f'path = "{ENGINE.relative_to(ROOT)}"\ndate = "{dates["engine"]}"\nrows = {sum(map(len, engine.values()))}\n',
+        'what = "the estimate vs the real DeepSpeed / FSDP / DDP engine and HF Trainer\'s FSDP through accelerate, 2 gloo '
+        'ranks on the CPU (allocated)"',
+        f'path = "{ENGINE.relative_to(ROOT)}, {ACCELERATE.relative_to(ROOT)}"\ndate = "{dates["engine"]}"\n'
+        f'rows = {sum(map(len, engine.values()))}\n',
     ]
     for group, values in sorted(trace.items()):
         out += [f"[trace.{group}]  # {trace_src}", f"rows = {len(values)}",

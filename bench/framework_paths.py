@@ -103,8 +103,20 @@ def glm4_group() -> dict:
     return _remote_code_group("glm4", "modeling_chatglm.py")
 
 
+def accelerate_fsdp_group() -> dict:
+    """HF Trainer's FSDP1 / FSDP2 through accelerate's own preparation on 2 gloo ranks (bench/accelerate_fsdp.py keeps
+    the measurements): the allocated step peak per rank, estimate vs measured."""
+    spec = importlib.util.spec_from_file_location("accelerate_fsdp_bench", HERE / "accelerate_fsdp.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    if not bench.SAVED.exists():
+        return _summary([], {})
+    doc = json.loads(bench.SAVED.read_text())
+    return _summary([abs(bench.compare(name, m)["error_pct"]) for name, m in doc["rows"].items()], doc["versions"])
+
+
 def framework_groups() -> dict:
     return {"framework:litgpt": litgpt_group(), "framework:torchtune": torchtune_group(),
             "framework:torchtune-distributed": torchtune_distributed_group(),
             "framework:litgpt-distributed": litgpt_distributed_group(), "framework:qwen1": qwen1_group(),
-            "framework:glm4": glm4_group()}
+            "framework:glm4": glm4_group(), "framework:hf-trainer-fsdp": accelerate_fsdp_group()}

@@ -15,13 +15,14 @@ DeepSpeed's buffers (the trace has no engine).
 """
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench import remote_traces  # noqa: E402
+
 OUT = Path(__file__).with_suffix(".json")
 MODEL = "THUDM/glm-4-9b-chat"
 BASE = {"method": "dpo", "engine": "single", "tuning": "full", "precision": "bf16-pure", "optimizer": "adamw-foreach",
@@ -56,24 +57,14 @@ def scenario(row: dict):
 def traced(keep: list | None = None) -> dict:
     """Trace every row on GLM-4's own code (needs the fetched file and transformers < 5 first on the path); rows
     in `keep` (traced before, of the same file) are not traced again."""
-    import torch
-    import transformers
-
-    from memfit.facts.remote_code import remote_code
     from memfit.trace import glm4
 
-    out = {"model": MODEL, "source": remote_code("chatglm")["source"], "modeling_chatglm_sha256": glm4.file_sha256(),
-           "transformers": transformers.__version__, "torch": torch.__version__.split("+")[0], "rows": []}
-    done = {json.dumps(r["knobs"], sort_keys=True): r for r in keep or []}
-    for knobs in rows():
-        if json.dumps(knobs, sort_keys=True) in done:
-            out["rows"].append(done[json.dumps(knobs, sort_keys=True)])
-            continue
+    def trace_row(knobs: dict) -> dict:
         t = glm4.trace(scenario(knobs), honor_checkpointing=knobs.get("checkpointing_set", False))
-        out["rows"].append({"knobs": knobs, "kernels": t.kernels, "checkpointed": t.checkpointed,
-                            "phases": {p: sum(t.phases[p][c] for c in COMPARED) for p in PHASES}})
-        print(knobs, file=sys.stderr, flush=True)
-    return out
+        return {"knobs": knobs, "kernels": t.kernels, "checkpointed": t.checkpointed,
+                "phases": {p: sum(t.phases[p][c] for c in COMPARED) for p in PHASES}}
+
+    return remote_traces.traced(MODEL, "chatglm", "glm4", "modeling_chatglm_sha256", rows(), trace_row, keep)
 
 
 def estimated(knobs: dict) -> dict[str, int]:
@@ -101,14 +92,7 @@ def main(argv: list[str]) -> int:
     import warnings
 
     warnings.filterwarnings("ignore")
-    if "--trace" in argv or "--trace-missing" in argv:  # --trace-missing: keep the rows traced on this same file
-        from memfit.trace import glm4
-
-        old = json.loads(OUT.read_text()) if OUT.exists() else {}
-        same = old.get("modeling_chatglm_sha256") == glm4.file_sha256()
-        OUT.write_text(json.dumps(traced(old["rows"] if "--trace-missing" in argv and same else None), indent=1)
-                       + "\n")
-    data = json.loads(OUT.read_text())
+    data = remote_traces.saved(OUT, "glm4", "modeling_chatglm_sha256", traced, argv)
     print(f"{MODEL} OpenRLHF DPO step on modeling_chatglm.py ({data['source']['repo']}@{data['source']['commit'][:10]}),"
           f" traced with transformers {data['transformers']}, torch {data['torch']}; peak allocated GiB (weights, "
           "grads, optimizer, activations, logits)")

@@ -242,6 +242,21 @@ FMS_TRANSFORMERS = "4.48.1"
 # calls (it goes through self.loss_function), so its loss stays transformers' own.
 FOAK_INPLACE_CE = ("llama", "mistral", "mixtral")
 
+# The torchtune each case ran, from the commit or PR its source names (pytorch/torchtune's history): torchtune's main
+# on that day, named as the release whose history holds the commit ("0.2.0.dev20240509": main of 2024-05-09, shipped
+# in 0.2.0), which selects that release's range of memfit/facts/data/releases.toml. The 2024-05 rows are the README
+# table written by PR #955 at 0217d44c on 2024-05-09 (the case cites ca0a6de4, a later commit where the table still
+# stood) and PR #961 re-ran its 1-GPU full row on 2024-05-10: main between v0.1.1 (04-18) and v0.2.0 (07-16).
+TORCHTUNE_RUNS = {
+    "torchtune-lora-tutorial-": "0.1.0.dev20240415",  # ff594c23 (PR #702), in v0.1.0's history
+    "torchtune-qlora-tutorial-": "0.1.0.dev20240415",  # 0914d5cf (PR #693), in v0.1.0's history
+    "torchtune-readme-2024-04-": "0.1.1.dev20240416",  # fef3ed10 (PR #775), in v0.1.1's history
+    "torchtune-readme-2024-05-": "0.2.0.dev20240509",  # 0217d44c (PR #955), in v0.2.0's history
+    "torchtune-pr961-": "0.2.0.dev20240510",  # PR #961's description
+    "torchtune-readme-2024-09-": "0.3.1.dev20240924",  # 30b8519e (PR #1664), in v0.3.1's history
+    "torchtune-readme-optflags-": "0.5.0.dev20241118",  # 1814feb1 (PR #2003), in v0.5.0's history
+}
+
 
 def _fms_seq(seq: int, model) -> int:
     """fms-hf-tuning trains at min(max_seq_length, tokenizer.model_max_length) (tuning/data/setup_dataprocessor.py
@@ -271,6 +286,14 @@ def _lora_targets(case: dict) -> tuple[str, ...] | None:
     if "mlp" in text:
         found += ["gate_proj", "up_proj", "down_proj"]
     return tuple(dict.fromkeys(found)) or None
+
+
+def _versions(case: dict) -> dict | None:
+    """The framework releases a case ran, where its source pins them; None: memfit's pins."""
+    if case["id"].startswith("fms-"):
+        return {"transformers": FMS_TRANSFORMERS}
+    run = next((v for prefix, v in TORCHTUNE_RUNS.items() if case["id"].startswith(prefix)), None)
+    return {"torchtune": run} if run else None
 
 
 def _attention(case: dict) -> str | None:
@@ -324,8 +347,7 @@ def scenario_for(case: dict):
         knobs["dora"] = True
     if case["id"].startswith("fms-"):
         knobs["seq_len"] = _fms_seq(knobs["seq_len"], model)
-    versions = {"transformers": FMS_TRANSFORMERS} if case["id"].startswith("fms-") else None
-    return build_scenario(model, hardware, knobs, case.get("profile") or "hf-trainer", versions=versions)
+    return build_scenario(model, hardware, knobs, case.get("profile") or "hf-trainer", versions=_versions(case))
 
 
 UNIT_BYTES = {"b": 1, "byte": 1, "bytes": 1, "kb": 1e3, "kib": 2**10, "mb": 1e6, "mib": 2**20, "gb": 1e9, "gib": 2**30,

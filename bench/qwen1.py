@@ -11,12 +11,13 @@ on fake tensors (memfit/trace/qwen1.py); both sides leave out the CUDA context a
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench import remote_traces  # noqa: E402
+
 OUT = Path(__file__).with_suffix(".json")
 MODEL = "Qwen/Qwen-7B"
 LORA = {"tuning": "lora", "lora_rank": 64, "lora_alpha": 16, "lora_dropout": 0.05,
@@ -54,24 +55,13 @@ def scenario(knobs: dict):
 def traced(keep: list | None = None) -> dict:
     """Trace every row on Qwen-1's own code (needs the fetched file and transformers < 5 first on the path); rows
     in `keep` (traced before, of the same file) are not traced again."""
-    import torch
-    import transformers
-
-    from memfit.facts.remote_code import remote_code
     from memfit.trace import qwen1
 
-    out = {"model": MODEL, "source": remote_code("qwen")["source"], "modeling_qwen_sha256": qwen1.file_sha256(),
-           "transformers": transformers.__version__, "torch": torch.__version__.split("+")[0], "rows": []}
-    done = {json.dumps(r["knobs"], sort_keys=True): r for r in keep or []}
-    for knobs in rows():
-        if json.dumps(knobs, sort_keys=True) in done:
-            out["rows"].append(done[json.dumps(knobs, sort_keys=True)])
-            continue
+    def trace_row(knobs: dict) -> dict:
         t = qwen1.trace(scenario(knobs))
-        out["rows"].append({"knobs": knobs, "kernels": t.kernels,
-                            "phases": {p: t.phases[p]["total"] for p in PHASES}})
-        print(knobs["tuning"], knobs["seq_len"], knobs["checkpointing"], file=sys.stderr, flush=True)
-    return out
+        return {"knobs": knobs, "kernels": t.kernels, "phases": {p: t.phases[p]["total"] for p in PHASES}}
+
+    return remote_traces.traced(MODEL, "qwen", "qwen1", "modeling_qwen_sha256", rows(), trace_row, keep)
 
 
 def estimated(knobs: dict) -> dict[str, int]:
@@ -99,13 +89,7 @@ def main(argv: list[str]) -> int:
     import warnings
 
     warnings.filterwarnings("ignore")
-    if "--trace" in argv or "--trace-missing" in argv:  # --trace-missing: keep the rows traced on this same file
-        from memfit.trace import qwen1
-
-        old = json.loads(OUT.read_text()) if OUT.exists() else {}
-        same = old.get("modeling_qwen_sha256") == qwen1.file_sha256()
-        OUT.write_text(json.dumps(traced(old["rows"] if "--trace-missing" in argv and same else None), indent=1) + "\n")
-    data = json.loads(OUT.read_text())
+    data = remote_traces.saved(OUT, "qwen1", "modeling_qwen_sha256", traced, argv)
     print(f"{MODEL} on modeling_qwen.py ({data['source']['repo']}@{data['source']['commit'][:10]}), traced with "
           f"transformers {data['transformers']}, torch {data['torch']}; peak allocated GiB")
     print(f"{'tuning':6} {'attn':>5} {'autocast':>8} {'rows':>4} {'tokens':>6} {'ckpt':>5} {'traced':>8} {'memfit':>8} "

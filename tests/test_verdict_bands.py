@@ -64,7 +64,7 @@ def test_a_measured_kind_gets_its_row_of_the_table():
     assert len(band.under) == _table()["trace"][row["trace"]]["rows"]
 
 
-@pytest.mark.parametrize("kind", ["zero3/qlora", "ddp/adapters", "fsdp/adapters", "single/freeze", "zero3/full+vllm"])
+@pytest.mark.parametrize("kind", ["zero3/qlora", "ddp/adapters", "fsdp/freeze", "single/freeze", "zero3/full+vllm"])
 def test_an_unmeasured_kind_falls_back_to_the_widest_band_and_says_so(kind):
     assert kind not in _table()["band"]
     band = band_for(kind)

@@ -42,6 +42,7 @@ ARCH_DEFAULTS: dict = {
     "eager_score_bytes": 0,
     "eager_softmax_in_input_dtype": False,
     "eager_qk_fp32": False,
+    "eager_scores_kept": False, "eager_returns_probs": False,
     "sdpa_math": False,
     "sdpa_v_view": False,
     "has_sdpa": True,
@@ -101,6 +102,8 @@ class ModelSpec:
     # runs softmax in fp32 and casts matmul inputs back to bf16, so under autocast both read as the Llama path
     eager_softmax_in_input_dtype: bool = False
     eager_qk_fp32: bool = False
+    eager_scores_kept: bool = False  # Falcon: the raw QK^T stays referenced beside the masked sum (architectures.toml)
+    eager_returns_probs: bool = False  # Falcon: a layer's probabilities outlive it through the next layer's forward
     # SDPA gets k/v heads the fused kernels refuse (Falcon-7B's one broadcast kv head, no enable_gqa), so torch
     # runs its math kernel: fp32 scores, the fp32 softmax kept for backward
     sdpa_math: bool = False

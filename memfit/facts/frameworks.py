@@ -22,6 +22,7 @@ class Framework:
     plan: dict  # what `memfit plan` may change
     methods: dict  # how it runs preference / RL methods
     model_code: dict = field(default_factory=dict)  # the framework's own model code as memory sees it (torchtune)
+    fsdp: dict = field(default_factory=dict)  # whose FSDP wrapping it runs (accelerate's: HF Trainer)
 
 
 @cache
@@ -31,7 +32,7 @@ def frameworks() -> dict[str, Framework]:
         with open(path, "rb") as f:
             doc = tomllib.load(f)
         out[path.stem] = Framework(path.stem, doc["description"], doc["defaults"], doc["deepspeed"]["auto"],
-                                   doc["plan"], doc["methods"], doc.get("model_code", {}))
+                                   doc["plan"], doc["methods"], doc.get("model_code", {}), doc.get("fsdp", {}))
     return out
 
 

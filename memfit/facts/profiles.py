@@ -77,19 +77,24 @@ def _engine_values(engine: str, given: dict, fw: Framework, model: ModelSpec) ->
     return values
 
 
-def _releases(profile: str, versions: dict) -> tuple[tuple, dict, list[str]]:
+def _releases(profile: str, versions: dict, tuning: str) -> tuple[tuple, dict, list[str]]:
     """The framework releases the user named (data/releases.toml): (package, version) pairs for the Scenario, the
-    knob defaults they set ({knob: (value, "transformers 4.44")}) and what was assumed about them."""
+    knob defaults they set for this tuning ({knob: (value, "transformers 4.44")}) and what was assumed about them."""
     if not versions:
         return (), {}, []
     from memfit.facts.releases import check_versions, completed, release_facts
 
     named, notes = completed(check_versions(versions))
     pairs = tuple(sorted(named.items()))
-    facts = release_facts(profile, pairs)
+    facts = release_facts(profile, pairs, tuning)
     said = ", ".join(f"{n} {v}" for n, v in pairs)
     return pairs, facts.defaults, [f"framework releases {said}: their facts (data/releases.toml) replace the "
                                    "pinned releases'", *notes, *facts.notes]
+
+
+def _shown(value) -> str:
+    """A default as a user would type it: lists comma-separated (lora_targets=q,v)."""
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
 def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, profile_name: str = "hf-trainer",
@@ -103,7 +108,8 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
     for name, value in given.items():  # before the method and engine are looked up by name below
         knobs()[name].check(value)
     fw = framework(profile_name)
-    releases, by_release, assumed = _releases(profile_name, versions or {})
+    tuning = given.get("tuning", knobs()["tuning"].default)
+    releases, by_release, assumed = _releases(profile_name, versions or {}, tuning)
     defaults = {name: (value, profile_name) for name, value in fw.defaults.items()} | by_release
     values: dict = {}
     for name, k in knobs().items():
@@ -111,10 +117,10 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
             continue
         if name in given:
             values[name] = given[name]
-        elif k.profile and name in defaults:
+        elif (k.profile or name in by_release) and name in defaults:  # a release's recipes may set more (lora_targets)
             values[name] = defaults[name][0]
             if k.assumed or name in by_release:
-                assumed.append(f"{name}={defaults[name][0]} ({defaults[name][1]} default)")
+                assumed.append(f"{name}={_shown(defaults[name][0])} ({defaults[name][1]} default)")
     method = values.get("method", "sft")
     several = [n for n in acting_when("several") if n in given]
     if not several_models(method) and several:
@@ -132,6 +138,10 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
     engine = _engine(given, fw.defaults, hardware, assumed, profile_name)
     values["engine"] = engine
     values |= _engine_values(engine, given, fw, model)
+    for name in acting_when(engine):  # the framework's engine defaults (its FSDP version), unless a release says
+        if name not in values and knobs()[name].profile and name in fw.defaults and name not in by_release:
+            values[name] = fw.defaults[name]
+            assumed.append(f"{name}={_shown(fw.defaults[name])} ({profile_name} default)")
     moved = {}  # an engine's defaults that moved between its releases
     for name, (value, release) in by_release.items():
         if knobs()[name].when == engine and name not in given:
@@ -141,7 +151,7 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
     if upcast is not None and "kbit_upcast" not in given:
         values["kbit_upcast"] = upcast
     if values.get("tuning") in ("lora", "qlora") and "lora_rank" not in given and "lora" not in fw.model_code:
-        assumed.append("lora rank=8, targets=all-linear")
+        assumed.append("lora rank=8" + ("" if "lora_targets" in by_release else ", targets=all-linear"))
     if values.get("tuning") in adapter_methods():
         _peft_defaults(values, given, assumed)
     s = Scenario(model=model, hardware=hardware, profile=profile_name, releases=releases, assumed=tuple(assumed),

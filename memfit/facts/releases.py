@@ -89,8 +89,9 @@ def completed(versions: dict[str, str]) -> tuple[dict[str, str], list[str]]:
 
 
 @cache
-def release_facts(profile: str, versions: tuple[tuple[str, str], ...]) -> ReleaseFacts:
-    """What the given releases change for a run of `profile`."""
+def release_facts(profile: str, versions: tuple[tuple[str, str], ...], tuning: str = "full") -> ReleaseFacts:
+    """What the given releases change for a run of `profile` that trains `tuning` (a range's `by_tuning` defaults:
+    the recipe configs of that tuning)."""
     defaults, methods, notes, fp32_logits = {}, {}, [], False
     for name, version in versions:
         if name not in packages():
@@ -102,7 +103,8 @@ def release_facts(profile: str, versions: tuple[tuple[str, str], ...]) -> Releas
             continue
         r = release_range(name, version)
         kept = set(r.get("profile_keeps", {}).get(profile, ()))
-        defaults |= {k: (v, f"{name} {version}") for k, v in r.get("defaults", {}).items() if k not in kept}
+        said = r.get("defaults", {}) | r.get("by_tuning", {}).get(tuning, {})
+        defaults |= {k: (v, f"{name} {version}") for k, v in said.items() if k not in kept}
         methods |= r.get("methods", {})
         fp32_logits |= r.get("model_logits") == "fp32"
     if fp32_logits and "logits" in methods:

@@ -37,7 +37,7 @@ def _model(run: dict):
     d = run["dims"]
     config = LlamaConfig(hidden_size=d["hidden"], num_hidden_layers=d["layers"], num_attention_heads=d["heads"],
                          num_key_value_heads=d["kv_heads"], intermediate_size=d["inter"], vocab_size=d["vocab"],
-                         tie_word_embeddings=False, attn_implementation="sdpa")
+                         tie_word_embeddings=run.get("tied", False), attn_implementation="sdpa")
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     if run["tuning"] == "lora":
         from peft import LoraConfig, get_peft_model
@@ -59,7 +59,8 @@ def _prepared(run: dict, model):
 
     version = run["fsdp_version"]
     args = TrainingArguments(output_dir="/tmp/memfit-accelerate-ranks", use_cpu=True, fsdp=True, report_to=[],
-                             fsdp_config={"version": version, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]})
+                             fsdp_config={"version": version, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"],
+                                          **run.get("fsdp_config", {})})
     accelerator = Accelerator(cpu=True)
     accelerator.state.distributed_type = DistributedType.FSDP
     # sync_module_states broadcasts rank 0's weights at wrap time from a device module; a CPU has none (and every

@@ -60,6 +60,9 @@ def plan(scenario: Scenario, allow_substitutions: bool = True) -> tuple[Scenario
         raise MemfitError("NVMe offload needs an NVMe path and async I/O; measure runs offload to cpu (--offload-optimizer cpu)")
     if scenario.fsdp_strategy in ("hybrid_shard", "no_shard"):
         raise MemfitError(f"FSDP2 measure runs full_shard or shard_grad_op; {scenario.fsdp_strategy} is not wired")
+    if scenario.engine == "fsdp" and scenario.fsdp_version == 1:
+        raise MemfitError("memfit measure runs FSDP2 (fully_shard); measure with --fsdp-version 2 (FSDP1 as the HF "
+                          "Trainer runs it is measured by memfit.measure.accelerate_ranks, bench/accelerate_fsdp.py)")
     if not cuda and scenario.world_size > MAX_CPU_RANKS:
         raise MemfitError(f"{scenario.world_size} ranks on the CPU is too many; measure runs up to {MAX_CPU_RANKS} CPU ranks")
     if not cuda and scenario.precision.startswith("fp16"):

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from memfit.facts.frameworks import framework
 from memfit.measure.model import upcast_trainable
 
 from memfit.measure.patches import claim_loaded
@@ -84,6 +85,19 @@ class DdpRunner(TorchRunner):
         return DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if self.device == "cuda" else None)
 
 
+def _accelerate_units(base, reshard: bool, kwargs: dict) -> None:
+    """The units accelerate >= 1.14's fsdp2_prepare_model carves beside the layers, as the HF Trainer runs FSDP2: the
+    embedding (unless tied), and [final norm, head] (with a tied embedding) kept gathered after forward."""
+    from torch.distributed.fsdp import fully_shard
+
+    embed, head = base.get_input_embeddings(), base.get_output_embeddings()
+    tied = head is not None and embed.weight is head.weight
+    if not tied:
+        fully_shard(embed, reshard_after_forward=reshard, **kwargs)
+    tail = [m for m in (base.model.norm, *((embed, head) if tied else (head,))) if m is not None]
+    fully_shard(tail, reshard_after_forward=False, **kwargs)
+
+
 class FsdpRunner(TorchRunner):
     def wrap(self, model):
         from torch.distributed.fsdp import (
@@ -103,7 +117,11 @@ class FsdpRunner(TorchRunner):
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         for layer in base.model.layers:
             fully_shard(layer, reshard_after_forward=reshard, **kwargs)
-        fully_shard(model, reshard_after_forward=reshard, **kwargs)
+        if framework(s.profile).fsdp.get("wrapping") == "accelerate":
+            _accelerate_units(base, reshard, kwargs)
+            fully_shard(model, **kwargs)  # the root: torch's own reshard rule, as accelerate leaves it
+        else:
+            fully_shard(model, reshard_after_forward=reshard, **kwargs)
         return model
 
     def walk(self):

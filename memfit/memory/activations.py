@@ -18,6 +18,7 @@ from memfit.facts.recompute import Recompute
 from memfit.memory.own_code import (code_logits, fused_qkv, fused_qkv_rest, prompt_layer_extra, prompt_layers,
                                     scaled_head)
 from memfit.memory.int8_base import outlier_bytes
+from memfit.memory.eager_attention import attention_backward_per_key, eager_kernel, layer_backward_transient
 from memfit.memory.remote_code import adjusted as remote_code_adjusted
 from memfit.memory.inventory import ParamTensor, feedforward, prompt_adapter
 from memfit.memory.unsloth_loss import loss_terms as unsloth_loss_terms
@@ -118,25 +119,7 @@ def _kernel_per_token(s: Scenario, b: int) -> tuple[int, int, int]:
     if s.attention == "sdpa":  # bool mask -> mem-efficient kernel over repeat_kv'd k, v
         # one kv head: repeat_kv's expand + reshape of a size-1 head dim is a view, the kernel saves no copy (traced)
         return b * (q + 2 * (kv if m.num_kv_heads == 1 else repeated) + q) + lse, 0, 0
-    # eager: q and repeated k for QK^T, fp32 softmax output and its bf16 cast for PV, repeated v (the
-    # contiguous copy of the output is o_proj's input, counted with the Linear inputs); attention dropout
-    # keeps a bool mask per score
-    if not m.eager_repeats_kv:
-        repeated = kv
-    dropout = m.attn_dropout > 0
-    # a softmax left to autocast (no dtype=) runs in fp32 on CUDA under autocast, else in the scores' dtype; then
-    # its output is PV's input too, and only a dropout in between makes PV read a second tensor
-    fp32_softmax = s.runs_autocast or not m.eager_softmax_in_input_dtype
-    probs = 4 if fp32_softmax else b
-    pv_input = b if fp32_softmax or dropout else 0
-    per_key_saved = m.num_heads * (probs + pv_input + (b if m.attn_softcap else 0) + (1 if dropout else 0))
-    # 16-bit scores into an fp32 softmax: the masked scores and their fp32 copy (autocast and softmax(dtype=) convert
-    # first; CUDA fuses fp16 -> fp32 only), beside the softmax output when the layer does not save it (traced)
-    copy = 0 if s.precision.startswith("fp16") and not s.runs_autocast else 4
-    converted = b + copy + (4 if s.checkpointing != "off" else 0) if probs == 4 and b < 4 else None
-    per_key_transient = m.num_heads * (m.eager_score_bytes or converted or b + b + probs)
-    qk = 4 if m.eager_qk_fp32 and not s.runs_autocast else b  # fp32 q, k copies saved by QK^T (GPT-J, no autocast)
-    return qk * (q + repeated) + b * repeated, per_key_saved, per_key_transient
+    return eager_kernel(s, b)
 
 
 def _adapted(s: Scenario, adapters: list[ParamTensor]) -> dict[str, tuple[int, float]]:
@@ -192,7 +175,8 @@ def _peft_backward(s: Scenario, adapters: list[ParamTensor]) -> int:
 
 def _group_inputs(s: Scenario, b: int, rb: int, adapters: list[ParamTensor]) -> tuple[int, int]:
     """Bytes per token that the Linears of one layer save of their inputs (PEFT lora/layer.py Linear.forward:
-    lora_A saves what it reads, B saves A's rank-wide output). Returns (norm-fed groups, other groups).
+    lora_A saves what it reads, B saves A's rank-wide output). Returns (the attention's input group, the others:
+    the MLP's input, o's and down's; released before the attention's backward, eager_attention.py).
 
     A trainable Linear saves its input once per group of modules reading it; under autocast an fp32 input is
     cast per module. A LoRA adapter whose dtype differs from its input casts it (PEFT), and autocast casts
@@ -242,7 +226,7 @@ def _group_inputs(s: Scenario, b: int, rb: int, adapters: list[ParamTensor]) -> 
         if shared and not (name == "o" and s.attention != "eager") and not routed:
             cost += width * xb  # saved once (o's input is the kernel output, already saved)
         totals[name] = cost
-    return int(totals["attn_in"] + totals["mlp_in"]), int(totals["o"] + totals["down"])
+    return int(totals["attn_in"]), int(totals["mlp_in"] + totals["o"] + totals["down"])
 
 
 def _norm_per_token(s: Scenario, b: int, rb: int) -> int:
@@ -289,12 +273,15 @@ def _expert_lora_deltas(s: Scenario, b: int, adapters: list[ParamTensor]) -> int
     return per_layer * b // max(s.model.num_layers, 1)
 
 
-def _layer_per_token(s: Scenario, b: int, rb: int, adapters) -> int:
+def _layer_per_token(s: Scenario, b: int, rb: int, adapters) -> tuple[int, int]:
+    """Saved bytes per token of one layer: (its attention side: input norm, q/k/v inputs, what the kernel keeps;
+    the rest, which the MLP's backward releases before the attention's runs: the other norms, o's and the MLP's
+    inputs and intermediates, the residual dropout masks)."""
     m = s.model
     h, ffn = m.hidden_size, m.intermediate_size
     norm = _norm_per_token(s, b, rb) + (4 if m.norm == "rms" else 0)
     attn, _, _ = attention_per_token(s, b)
-    norm_fed, others = _group_inputs(s, b, rb, adapters)
+    attn_in, others = _group_inputs(s, b, rb, adapters)
     # MLP intermediates other than down's input: what the activation saves (activations.toml; F.silu and
     # F.gelu keep their input, gelu_new's formula keeps 4), plus, gated, the activation output and up output
     # the product keeps; down's input is counted with the Linear inputs
@@ -313,7 +300,7 @@ def _layer_per_token(s: Scenario, b: int, rb: int, adapters) -> int:
         attn += (4 + scaled) * (m.num_heads + m.num_kv_heads) * m.head_dim
     own = fused_qkv(s, b, _adapted(s, adapters)) + prompt_layer_extra(s, b, attn, norm)  # LitGPT's own model code
     own += outlier_bytes(s)  # an 8-bit base's outlier columns
-    return norm * m.norms_per_layer + attn + norm_fed + others + mlp + own
+    return norm + attn + attn_in + own, norm * max(m.norms_per_layer - 1, 0) + others + mlp
 
 
 def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
@@ -325,7 +312,8 @@ def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
     n = s.tokens_per_micro_batch
     rows, t = s.micro_batch, s.seq_len
     _, per_key_saved, per_key_transient = attention_per_token(s, b)
-    layer_saved = n * _layer_per_token(s, b, rb, adapters) + rows * t * t * per_key_saved
+    attention_side, mlp_side = _layer_per_token(s, b, rb, adapters)
+    layer_saved = n * (attention_side + mlp_side) + rows * t * t * per_key_saved
     layer_saved += _expert_lora_deltas(s, b, adapters) + _peft_fixed(s, adapters)
     masks = 0
     if s.attention == "eager":
@@ -356,8 +344,9 @@ def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
         + (smart.device if smart else 0),
         shared_masks=masks,
         layer_forward_transient=n * b * max(4 * h, 2 * m.intermediate_size) + rows * t * t * per_key_transient,
-        layer_backward_transient=n * b * (3 * m.intermediate_size + 2 * h)
-        + rows * t * t * _backward_per_key(s) + _peft_backward(s, adapters),
+        layer_backward_transient=layer_backward_transient(s, n, b, rb, n * b * (3 * m.intermediate_size + 2 * h),
+                                                          mlp_side, rows * t * t, per_key_saved)
+        + _peft_backward(s, adapters),
         logits_forward_peak=logits_fwd + head_copy + scaled,
         logits_saved=logits_saved + head_copy + scaled,
         logits_backward_peak=logits_bwd + head_copy + scaled,
@@ -367,7 +356,7 @@ def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
         logits_kept=own.kept if own else 0,
         host_offloaded=(smart.host if smart else checkpoint * ckpt_layers) if offloaded else 0,
         embedding_transient=embedding,
-    ), (per_key_saved, per_key_transient, _backward_per_key(s)))  # the count's attention terms per key
+    ), (per_key_saved, per_key_transient, attention_backward_per_key(s, b, per_key_saved)))  # the count's per key
 
 
 def _token_rows(s: Scenario, output: int) -> tuple[int, int, int, int]:
@@ -398,14 +387,6 @@ def _chunked_head(s: Scenario, n: int, v: int, b: int) -> int:
     per_element, head_copies = head
     extra = (head_copies - 1) * v * s.model.hidden_size * b if s.trains_whole("lm_head") else 0
     return int(n * v * per_element) + extra
-
-
-def _backward_per_key(s: Scenario) -> int:
-    """Per token x key bytes of the attention backward: the fp32 softmax gradient outlives the saved probabilities
-    in eager; torch's math kernel also keeps the fp32 gradient of the scores beside it."""
-    if s.attention == "sdpa" and s.model.sdpa_math:
-        return 8 * s.model.num_heads
-    return 4 * s.model.num_heads if s.attention == "eager" else 0
 
 
 def _checkpoint_split(s: Scenario) -> tuple[int, int]:

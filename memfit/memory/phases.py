@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from memfit.facts.engines import engine_of
+from memfit.facts.frameworks import framework
 from memfit.facts.runtime import Runtime
 from memfit.memory import overheads
 from memfit.memory.activations import Activations
@@ -60,9 +61,10 @@ def _forward_loss_after_root(ms: ModelStates, act: Activations, runtime: int, mo
                     activations=act.saved_total - act.outside_layers + act.layer_forward_transient),
                # autocast's casts of the head's weight (an fp32 head gathered under autocast) from the head on
                dict(parts, weights=parts["weights"] + ms.gathered_head + ms.autocast_cache, activations=act.saved_total,
-                    logits_loss=model_logits),
+                    logits_loss=model_logits, engine_buffers=parts["engine_buffers"] + ms.forward_flat),
                dict(parts, weights=parts["weights"] + ms.gathered_loss + ms.autocast_cache,
-                    activations=act.saved_total, logits_loss=act.logits_forward_peak)]
+                    activations=act.saved_total, logits_loss=act.logits_forward_peak,
+                    engine_buffers=parts["engine_buffers"] + ms.forward_flat)]
     return max((Breakdown(p) for p in moments), key=lambda b: b.total)
 
 
@@ -97,7 +99,7 @@ def _backward(ms: ModelStates, act: Activations, runtime: int, head_grads: int, 
                                + act.shared_masks,
                                act.embedding_transient))  # PEFT trainable tokens: the embedding's V x H gradient
     first_layer = dict(base, weights=base["weights"] + saved_casts - ms.autocast_cache_head,
-                       gradients=max(ms.grads_between_steps, head_grads),
+                       gradients=max(ms.grads_between_steps, head_grads) + ms.top_layer_grads,
                        # the gradient arriving at the layer's output (its input's shape) waits while it recomputes
                        activations=act.saved_total - act.outside_layers + act.output_grad
                        + max(act.recompute + ms.recompute_casts + act.layer_backward_transient,
@@ -111,13 +113,15 @@ def _backward(ms: ModelStates, act: Activations, runtime: int, head_grads: int, 
         # start) when the embedding's dense gradient arrives, and sums the two out of place: three V x H gradients
         # at once, every layer's activations gone (traced: aten.embedding_dense_backward + aten.add.Tensor)
         tied = ms.tied_embedding_grads
-        moments.append(dict(base, gradients=max(reduced - tied, ms.grads_between_steps) + 3 * tied,
+        others = max(reduced - tied, ms.grads_between_steps) if ms.grads_before_tied is None else ms.grads_before_tied
+        moments.append(dict(base, weights=base["weights"] - ms.gathered_backward + ms.gathered_end,
+                            gradients=others + 3 * tied,
                             activations=act.embedding_transient))
     if ms.head_reduce:
         moments.append(dict(base, weights=base["weights"] + saved_casts, activations=act.saved_total,
                             gradients=ms.grads_between_steps + ms.head_reduce))
-    if ms.last_reduce:  # gathered params are released and every layer's activations freed by then
-        moments.append(dict(base, weights=base["weights"] - ms.gathered_backward,
+    if ms.last_reduce or ms.gathered_end:  # gathered params are released and every layer's activations freed by then
+        moments.append(dict(base, weights=base["weights"] - ms.gathered_backward + ms.gathered_end,
                             gradients=max(ms.grads_after_backward, ms.grads_between_steps) + ms.last_reduce))
     for moment in moments[1:] if act.logits_kept else ():  # a loop that keeps its logits through backward (LitGPT)
         moment["logits_loss"] = moment.get("logits_loss", 0) + act.logits_kept
@@ -145,6 +149,8 @@ def _model_logits(s: Scenario, grad: bool = False) -> int:
     `self.output(h).float()`, the bf16 logits alive beside their fp32 cast), or their gradient as it reaches the
     model's output (the chunked loss casts each chunk's gradient back to the chunk's dtype; transformer.py)."""
     n, v, b = s.micro_batch * s.seq_len, s.model.vocab_size, s.compute_bytes
+    if framework(s.profile).fsdp.get("wrapping") == "accelerate":  # a transformers model: its loss runs inside
+        return 0  # forward, on logits the loss moment counts (none at all under a fused loss)
     if s.loss == "chunked_output":
         return n * v * b
     return n * v * 4 if grad else n * v * (b + 4)

@@ -12,6 +12,7 @@ from memfit.facts.methods import method_facts, reference, run_methods, several_m
 from memfit.facts.scenario import Scenario
 from memfit.memory import overheads
 from memfit.memory.activations import attention_per_token
+from memfit.memory.eager_attention import attention_backward_per_key
 from memfit.memory.phases import reserved_profile
 from memfit.roles.frozen import FrozenRole, frozen_host, frozen_role
 from memfit.roles.groups import (GpuGroup, Holding, Moment, Process, add_parts, frozen_cache, gpu_group, phase_moments,
@@ -110,8 +111,9 @@ def _drivers(policy: TrainedRole, ref: FrozenRole | None, group: GpuGroup) -> di
     out: dict[str, int] = {}
     _, per_key_saved, per_key_transient = attention_per_token(ps, ps.compute_bytes)
     if per_key_saved or per_key_transient:
-        # the larger of: forward's scores in flight, or the saved scores plus their fp32 gradient in backward
-        per_key = max(per_key_transient, per_key_saved + 4 * ps.model.num_heads)
+        # the larger of: forward's scores in flight, or the saved scores plus the softmax backward's gradients
+        per_key = max(per_key_transient,
+                      per_key_saved + attention_backward_per_key(ps, ps.compute_bytes, per_key_saved))
         out[f"eager attention scores of one recomputed layer ({rows} rows x {ps.model.num_heads} heads x "
             f"{t}^2)"] = rows * t * t * per_key
     out[f"policy logits and loss saved for backward ({rows} rows x {t} x vocab {ps.model.vocab_size})"] = \

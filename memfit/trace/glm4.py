@@ -33,9 +33,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from memfit.facts.scenario import Scenario
-from memfit.trace.accountant import Accountant
 from memfit.trace.build import BuiltModel, set_dtypes
-from memfit.trace.cuda import CudaTarget, emulate_cuda
+from memfit.trace.cuda import CudaTarget
 from memfit.trace.remote_file import RemoteFile
 
 # the modeling file imports its configuration relatively: they load as one package
@@ -144,35 +143,19 @@ def trace(s: Scenario, steps: int = 2, layers: int | None = None, pad_tokens: in
     `reference` the step is the policy's alone (its log-probs against zero reference log-probs)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from memfit.trace import run
+    from memfit.trace import run, training_step
 
     if layers is not None:
         s = replace(s, model=replace(s.model, num_layers=layers))
-    acc = Accountant(debug=origins)
-    live: dict = {}
-    if origins:
-        acc.inspect = lambda mark, a: live.__setitem__(mark, a.live()) if a.step == steps - 1 else None
+    acc, live = training_step.origins_accountant(origins, steps)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     built = build(s, fake_mode, honor_checkpointing, pad_tokens)
     ref = build_reference(s, fake_mode, pad_tokens) if reference else None
     optimizer = run.make_optimizer(s, built.trainable)
-    handles = run._install_hooks(acc, built)
-    if ref is not None:
-        handles.append(ref.lm_head.register_forward_pre_hook(lambda *_: setattr(acc, "region", "logits_loss")))
     target = CudaTarget.for_gpu(s.hardware.gpu)
-    kernels: dict = {}
-    try:
-        with warnings.catch_warnings(), fake_mode, acc:
-            warnings.simplefilter("ignore")
-            for step in range(steps):
-                kernels = _step(acc, built, ref, optimizer, s, step, pad_tokens, target)
-    finally:
-        for h in handles:
-            h.remove()
-    last = steps - 1
-    marks = {n.split("@")[0]: b.to_json() for n, b in acc.marks.items() if n.endswith(f"@{last}")}
-    return Glm4Trace({p: b.to_json() for p, b in acc.profile(last).phases.items()}, marks, kernels,
-                     bool(built.hf_model.transformer.encoder.gradient_checkpointing), live)
+    phases, marks, kernels = training_step.run_steps(
+        acc, built, steps, lambda step: _step(acc, built, ref, optimizer, s, step, pad_tokens, target), fake_mode, ref)
+    return Glm4Trace(phases, marks, kernels, bool(built.hf_model.transformer.encoder.gradient_checkpointing), live)
 
 
 def _step(acc, built, ref, optimizer, s, step, pad_tokens, target) -> dict:
@@ -180,30 +163,16 @@ def _step(acc, built, ref, optimizer, s, step, pad_tokens, target) -> dict:
     concatenated forward with fp32 log-probs, the reference's under no_grad, DPOLoss, backward, clip, AdamW."""
     from memfit.trace import dpo, run
 
-    run._label_state(acc, built, optimizer)
-    if ref is not None:
-        for t in (*ref.model.parameters(), *ref.model.buffers()):
-            acc.register(t, "weights")
-    acc.enter_phase("forward", step)
-    batch = dpo.preference_batch(s, pad_tokens, True, acc)
-    with emulate_cuda(target, acc, batch.real_tokens, batch.indices) as cuda_state:
+    # policy alone: its log-probs live to the step's end (OpenRLHF's loop holds them in locals through backward and
+    # the optimizer step), not just to the loss
+    held = []
+
+    def forward_loss(batch):
         if ref is not None:
-            loss = dpo.forward_loss(acc, built, ref, batch, s)
-        else:
-            chosen, rejected, _ = dpo.concatenated_forward(built.model, batch)
-            loss = dpo.dpo_loss(chosen, rejected, torch.zeros_like(chosen), torch.zeros_like(rejected), False)
-        acc.region = "activations"
-        del batch
-        run._mark(acc, "forward_end", step)
-        acc.enter_phase("backward")
-        acc.region = "logits_loss"
-        loss.backward()
-        run._mark(acc, "backward_end", step)
-        del loss
-        acc.enter_phase("optimizer_step")
-        torch.nn.utils.clip_grad_norm_(built.trainable, run.MAX_GRAD_NORM, foreach=True)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        run._mark(acc, "step_end", step)
-    run._label_state(acc, built, optimizer)
-    return dict(cuda_state.kernels)
+            return dpo.forward_loss(acc, built, ref, batch, s)
+        held.extend(dpo.concatenated_forward(built.model, batch))
+        chosen, rejected, _ = held
+        return dpo.dpo_loss(chosen, rejected, torch.zeros_like(chosen), torch.zeros_like(rejected), False)
+
+    return run.hf_step(acc, built, optimizer, step, target, lambda: dpo.preference_batch(s, pad_tokens, True, acc),
+                       forward_loss, ref)

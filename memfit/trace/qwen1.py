@@ -29,9 +29,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from memfit.facts.scenario import Scenario
-from memfit.trace.accountant import Accountant
 from memfit.trace.build import BuiltModel, set_dtypes
-from memfit.trace.cuda import CudaTarget, emulate_cuda
+from memfit.trace.cuda import CudaTarget
 from memfit.trace.remote_file import RemoteFile
 
 # the remote files import each other relatively: they load as one package
@@ -90,31 +89,18 @@ def trace(s: Scenario, steps: int = 2, layers: int | None = None, pad_tokens: in
     """`steps` training steps of `s` on Qwen-1's own code (fake tensors by default); the last step's peaks."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from memfit.trace import run
+    from memfit.trace import run, training_step
 
     if layers is not None:
         s = replace(s, model=replace(s.model, num_layers=layers))
-    acc = Accountant(debug=origins)
-    live: dict = {}
-    if origins:
-        acc.inspect = lambda mark, a: live.__setitem__(mark, a.live()) if a.step == steps - 1 else None
+    acc, live = training_step.origins_accountant(origins, steps)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
     built = build(s, fake_mode)
     optimizer = run.make_optimizer(s, built.trainable)
-    handles = run._install_hooks(acc, built)
     target = CudaTarget.for_gpu(s.hardware.gpu)
-    kernels: dict = {}
-    try:
-        with warnings.catch_warnings(), fake_mode or nullcontext(), acc:
-            warnings.simplefilter("ignore")  # checkpoint's use_reentrant notice: the file's own call
-            for step in range(steps):
-                kernels = _step(acc, built, optimizer, s, step, pad_tokens, fake, target)
-    finally:
-        for h in handles:
-            h.remove()
-    last = steps - 1
-    marks = {n.split("@")[0]: b.to_json() for n, b in acc.marks.items() if n.endswith(f"@{last}")}
-    return Qwen1Trace({p: b.to_json() for p, b in acc.profile(last).phases.items()}, marks, kernels, live)
+    phases, marks, kernels = training_step.run_steps(
+        acc, built, steps, lambda step: _step(acc, built, optimizer, s, step, pad_tokens, fake, target), fake_mode)
+    return Qwen1Trace(phases, marks, kernels, live)
 
 
 def _step(acc, built, optimizer, s, step, pad_tokens, fake, target) -> dict:
@@ -122,27 +108,10 @@ def _step(acc, built, optimizer, s, step, pad_tokens, fake, target) -> dict:
     use): forward with labels under bf16 autocast, keep the loss only, backward, clip, AdamW, zero_grad."""
     from memfit.trace import run
 
-    run._label_state(acc, built, optimizer)
-    acc.enter_phase("forward", step)
-    batch = run.make_batch(s, pad_tokens, fake, acc)
-    if "attention_mask" not in batch.kwargs and pad_tokens:  # finetune.py always passes input_ids.ne(pad)
-        batch.kwargs["attention_mask"] = torch.ones_like(batch.kwargs["input_ids"])
-    autocast = torch.autocast("cpu", dtype=built.autocast_dtype) if built.autocast_dtype else nullcontext()
-    with emulate_cuda(target, acc, batch.real_tokens, batch.indices) as cuda_state:
-        with autocast:
-            loss = built.model(**batch.kwargs).loss
-        acc.region = "activations"
-        del batch
-        run._mark(acc, "forward_end", step)
-        acc.enter_phase("backward")
-        acc.region = "logits_loss"
-        loss.backward()
-        run._mark(acc, "backward_end", step)
-        del loss
-        acc.enter_phase("optimizer_step")
-        torch.nn.utils.clip_grad_norm_(built.trainable, run.MAX_GRAD_NORM, foreach=True)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        run._mark(acc, "step_end", step)
-    run._label_state(acc, built, optimizer)
-    return dict(cuda_state.kernels)
+    def new_batch() -> run.Batch:
+        batch = run.make_batch(s, pad_tokens, fake, acc)
+        if "attention_mask" not in batch.kwargs and pad_tokens:  # finetune.py always passes input_ids.ne(pad)
+            batch.kwargs["attention_mask"] = torch.ones_like(batch.kwargs["input_ids"])
+        return batch
+
+    return run.hf_step(acc, built, optimizer, step, target, new_batch, lambda batch: built.model(**batch.kwargs).loss)

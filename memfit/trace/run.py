@@ -25,8 +25,9 @@ from memfit.facts.methods import several_models
 from memfit.facts.scenario import Scenario
 from memfit.trace.accountant import Accountant, TimelinePoint
 from memfit.trace.build import BuiltModel, build_model
-from memfit.trace.cuda import CudaTarget, emulate_cuda
+from memfit.trace.cuda import CudaTarget
 from memfit.trace.offload import HostTransfer
+from memfit.trace.training_step import _install_hooks, label_model_state, traced_step
 
 MAX_GRAD_NORM = 1.0  # HF TrainingArguments.max_grad_norm default
 LR = 1e-5
@@ -86,12 +87,6 @@ def make_optimizer(scenario: Scenario, params):
                       f"trace with adamw-foreach/adamw-fused/adamw-loop/sgd/adafactor instead")
 
 
-def _host_scalar_steps(optimizer) -> bool:
-    """torch keeps Adam's `step` counters on the CPU unless fused or capturable (adam.py _init_group)."""
-    group = optimizer.param_groups[0]
-    return not (group.get("fused") or group.get("capturable"))
-
-
 # ---------------------------------------------------------------------------------------------- inputs
 @dataclass
 class Batch:
@@ -131,38 +126,13 @@ def make_batch(scenario: Scenario, pad_tokens: int, fake: bool, acc: Accountant 
 
 
 # ---------------------------------------------------------------------------------------------- labelling
-def _label_state(acc: Accountant, built: BuiltModel, optimizer) -> None:
-    """At a step boundary: parameters and buffers are weights, .grad gradients, optimizer state states."""
-    for p in built.model.parameters():
-        acc.register(p, "weights")
-        if p.grad is not None:
-            acc.register(p.grad, "gradients")
-    for b in built.model.buffers():
-        acc.register(b, "weights")
-    host_steps = _host_scalar_steps(optimizer)
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor):
-                acc.register(value, "optimizer_states")
-                if key == "step" and host_steps:
-                    acc.exclude(value)
-
-
-def _install_hooks(acc: Accountant, built: BuiltModel) -> list:
-    """Gradients are labelled when autograd stores them; the lm_head + loss region is logits_loss."""
-    handles = []
-    for p in built.trainable:
-        handles.append(p.register_post_accumulate_grad_hook(lambda param: acc.label(param.grad, "gradients")))
-
-    def enter_logits(module, args):
-        acc.region = "logits_loss"
-        hidden = args[0] if args else None
-        if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
-            # the gradient reaching lm_head's input ends the logits/loss part of backward
-            hidden.register_hook(lambda grad: setattr(acc, "region", "activations"))
-
-    handles.append(built.lm_head.register_forward_pre_hook(enter_logits))
-    return handles
+def _label_state(acc: Accountant, built: BuiltModel, optimizer, reference: BuiltModel | None = None) -> None:
+    """At a step boundary, `built`'s state (label_model_state); a frozen `reference`'s parameters and buffers are
+    weights too (again at the step's end: a no-op, they stay weights)."""
+    label_model_state(acc, built.model, [optimizer])
+    if reference is not None:
+        for t in (*reference.model.parameters(), *reference.model.buffers()):
+            acc.register(t, "weights")
 
 
 def _host_transfer(acc: Accountant) -> HostTransfer:
@@ -219,9 +189,7 @@ def run_trace(scenario: Scenario, steps: int = 2, *, fake: bool = True, pad_toke
     built = build_model(scenario, device="cpu", fake_mode=fake_mode, host_transfer=_host_transfer(acc))
     reference = _preference_models(scenario, built, fake_mode)
     optimizer = make_optimizer(scenario, built.trainable)
-    handles = _install_hooks(acc, built)
-    if reference is not None:
-        handles.append(reference.lm_head.register_forward_pre_hook(lambda *_: setattr(acc, "region", "logits_loss")))
+    handles = _install_hooks(acc, built, reference)
     kernels = {}
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the trace reports its own notes
@@ -268,13 +236,13 @@ def batch_facts(scenario: Scenario):
 
 
 def _batch_and_loss(acc, built, reference, scenario, pad_tokens, fake):
-    """The micro-batch and the forward that turns it into the loss: HF's (SFT) or OpenRLHF's DPO step."""
+    """What makes the micro-batch and the forward that turns it into the loss: HF's (SFT) or OpenRLHF's DPO step."""
     if not several_models(scenario.method):
         # HF compute_loss returns the loss only: the output with its logits dies with this call
-        return make_batch(scenario, pad_tokens, fake, acc), lambda batch: built.model(**batch.kwargs).loss
+        return lambda: make_batch(scenario, pad_tokens, fake, acc), lambda batch: built.model(**batch.kwargs).loss
     from memfit.trace import dpo
 
-    return (dpo.preference_batch(scenario, pad_tokens, fake, acc),
+    return (lambda: dpo.preference_batch(scenario, pad_tokens, fake, acc),
             lambda batch: dpo.forward_loss(acc, built, reference, batch, scenario))
 
 
@@ -289,39 +257,26 @@ def _preference_models(scenario: Scenario, built: BuiltModel, fake_mode) -> Buil
 
 
 def _train_step(acc, built, optimizer, scenario, step, pad_tokens, fake, target, reference=None) -> dict:
-    _label_state(acc, built, optimizer)
-    if reference is not None:
-        for t in (*reference.model.parameters(), *reference.model.buffers()):
-            acc.register(t, "weights")
-    acc.enter_phase("forward", step)
-    batch, forward_loss = _batch_and_loss(acc, built, reference, scenario, pad_tokens, fake)
-    autocast = (torch.autocast("cpu", dtype=built.autocast_dtype) if built.autocast_dtype is not None
-                else nullcontext())
-    with emulate_cuda(target, acc, batch.real_tokens, batch.indices) as cuda_state, batch_facts(scenario):
-        with autocast:
-            loss = forward_loss(batch)
-        acc.region = "activations"
-        del batch
-        _mark(acc, "forward_end", step)
-        acc.enter_phase("backward")
-        acc.region = "logits_loss"
-        loss.backward()
-        _mark(acc, "backward_end", step)
-        del loss
-        acc.enter_phase("optimizer_step")
+    new_batch, forward_loss = _batch_and_loss(acc, built, reference, scenario, pad_tokens, fake)
+    return hf_step(acc, built, optimizer, step, target, new_batch, forward_loss, reference, batch_facts(scenario))
+
+
+def hf_step(acc, built, optimizer, step, target, new_batch, forward_loss, reference=None, context=None) -> dict:
+    """HF Trainer's training_step on `built` (OpenRLHF's DPO step with a `reference`), for any forward: the state
+    labelled at both ends, `forward_loss` under the model's autocast, clip_grad_norm_, the optimizer step,
+    zero_grad(set_to_none=True). The remote-code traces (qwen1.py, glm4.py) run their own files' forwards in it."""
+    def forward(batch):
+        autocast = built.autocast_dtype
+        with torch.autocast("cpu", dtype=autocast) if autocast is not None else nullcontext():
+            return forward_loss(batch)
+
+    def optimizer_step():
         torch.nn.utils.clip_grad_norm_(built.trainable, MAX_GRAD_NORM, foreach=True)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        _mark(acc, "step_end", step)
-    _label_state(acc, built, optimizer)
-    return dict(cuda_state.kernels)
 
-
-def _mark(acc: Accountant, name: str, step: int) -> None:
-    acc.mark(f"{name}@{step}")
-    if acc.inspect is not None:
-        with acc.paused():
-            acc.inspect(name, acc)
+    return traced_step(acc, step, target, lambda: _label_state(acc, built, optimizer, reference), new_batch, forward,
+                       optimizer_step, context)
 
 
 def _extras(result: TraceResult) -> dict[str, int]:

@@ -30,8 +30,9 @@ from memfit.errors import MemfitError
 from memfit.facts.frameworks import torchtune_builder
 from memfit.facts.scenario import Scenario
 from memfit.trace.accountant import Accountant
-from memfit.trace.cuda import CudaTarget, emulate_cuda
-from memfit.trace.run import TraceResult, _extras, _mark, make_optimizer
+from memfit.trace.cuda import CudaTarget
+from memfit.trace.run import Batch, TraceResult, _extras, make_optimizer
+from memfit.trace.training_step import label_model_state, traced_step
 
 IGNORE_INDEX = -100  # CEWithChunkedOutputLoss / CrossEntropyLoss ignore_index in the recipes
 ATTN_NAMES = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "o_proj": "output_proj"}
@@ -227,21 +228,7 @@ class _Recipe:
         return handles
 
     def label_state(self) -> None:
-        acc = self.acc
-        for p in self.model.parameters():
-            acc.register(p, "weights")
-            if p.grad is not None:
-                acc.register(p.grad, "gradients")
-        for b in self.model.buffers():
-            acc.register(b, "weights")
-        for opt in self.optimizers:
-            host_steps = not (opt.param_groups[0].get("fused") or opt.param_groups[0].get("capturable"))
-            for state in opt.state.values():
-                for key, value in state.items():
-                    if isinstance(value, torch.Tensor):
-                        acc.register(value, "optimizer_states")
-                        if key == "step" and host_steps:
-                            acc.exclude(value)
+        label_model_state(self.acc, self.model, self.optimizers)  # one optimizer, or one a parameter (in backward)
 
     def loss_step(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The recipe's _loss_step: forward, labels shifted with the ignore column, the loss."""
@@ -255,32 +242,28 @@ class _Recipe:
         return loss
 
     def step(self, step: int, target: CudaTarget) -> dict:
+        """The recipe's step in run.py's traced_step: no mask, no clipping; the loss times the token count, and
+        scale_grads by it before the optimizer step (none with optimizer_in_backward: the hooks stepped)."""
         from torchtune import training
 
-        s, acc = self.s, self.acc
-        self.label_state()
-        acc.enter_phase("forward", step)
-        tokens = torch.randint(0, s.model.vocab_size, (s.micro_batch, s.seq_len))
-        labels = tokens.clone()
-        with emulate_cuda(target, acc) as cuda_state:
-            num_tokens = (labels != IGNORE_INDEX).sum()
-            loss = self.loss_step(tokens, labels) * num_tokens
-            acc.region = "activations"
-            del tokens, labels
-            _mark(acc, "forward_end", step)
-            acc.enter_phase("backward")
-            acc.region = "logits_loss"
-            loss.backward()
-            _mark(acc, "backward_end", step)
-            del loss
-            acc.enter_phase("optimizer_step")
+        s = self.s
+        counted = []  # the token count: made with the forward, read again by the optimizer step
+
+        def new_batch() -> Batch:
+            tokens = torch.randint(0, s.model.vocab_size, (s.micro_batch, s.seq_len))
+            return Batch({"tokens": tokens, "labels": tokens.clone()}, None, None)
+
+        def forward_loss(batch: Batch) -> torch.Tensor:
+            counted.append((batch.kwargs["labels"] != IGNORE_INDEX).sum())
+            return self.loss_step(batch.kwargs["tokens"], batch.kwargs["labels"]) * counted[0]
+
+        def optimizer_step() -> None:
             if not s.optimizer_in_backward:
-                training.scale_grads(self.model, 1 / num_tokens)
+                training.scale_grads(self.model, 1 / counted[0])
                 self.optimizers[0].step()
                 self.optimizers[0].zero_grad(set_to_none=True)
-            _mark(acc, "step_end", step)
-        self.label_state()
-        return dict(cuda_state.kernels)
+
+        return traced_step(self.acc, step, target, self.label_state, new_batch, forward_loss, optimizer_step)
 
 
 def run_torchtune_trace(s: Scenario, steps: int = 2, *, num_layers: int | None = None,

@@ -46,9 +46,14 @@ def test_glm4_is_within_5_percent_of_its_own_modeling_file():
         "re-trace: python bench/glm4.py --trace"
 
 
+def test_hf_trainer_fsdp_is_within_5_percent_of_accelerate_run_on_2_ranks():
+    g = framework_paths.accelerate_fsdp_group()
+    assert g["rows"] >= 14 and g["median_abs_pct_error"] <= 1.0 and g["max_abs_pct_error"] <= 5.0, g
+
+
 def test_accuracy_reports_the_framework_groups():
     import accuracy
 
     groups = accuracy.group_summaries([])
     assert {"framework:litgpt", "framework:torchtune", "framework:torchtune-distributed",
-            "framework:qwen1", "framework:glm4"} <= set(groups)
+            "framework:qwen1", "framework:glm4", "framework:hf-trainer-fsdp"} <= set(groups)

@@ -136,3 +136,12 @@ def test_fms_rows_are_estimated_as_the_transformers_and_foak_loss_they_ran():
     assert (llama.loss, bigcode.loss) == ("inplace_ce", "standard")
     plain = next(c for c in REAL if c["id"].startswith("fms-") and not c.get("kernels"))
     assert published.scenario_for(by_id[plain["id"]]).loss == "standard"
+
+
+def test_torchtune_rows_run_the_torchtune_their_source_dates():
+    """The README table of torchtune PR #955 (May 2024) ran main between v0.1.1 and v0.2.0: fp32 logits under
+    nn.CrossEntropyLoss, LoRA on q_proj and v_proj (data/releases.toml); rows no source dates keep the pins."""
+    lora = published.scenario_for(next(c for c in REAL if c["id"] == "torchtune-readme-2024-05-1"))
+    assert dict(lora.releases) == {"torchtune": published.TORCHTUNE_RUNS["torchtune-readme-2024-05-"]}
+    assert (lora.loss, lora.lora_targets) == ("standard", ("q", "v"))
+    assert published._versions({"id": "torchtune-someone-else"}) is None

@@ -63,6 +63,27 @@ def test_a_knob_the_user_says_wins_over_the_release_default():
     assert _run({"transformers": "4.44"}, precision="bf16-pure").precision == "bf16-pure"
 
 
+def test_the_trainer_fsdp_version_follows_the_transformers_release_and_moves_the_root():
+    fsdp = dict(method="sft", tuning="full", engine="fsdp", micro_batch=1, seq_len=512)
+    hw = Hardware(gpu=find_gpu("a100-80gb"), gpus_per_node=8)
+
+    def run(versions=None, **knobs):
+        return build_scenario(find_model("meta-llama/Llama-3.1-8B"), hw, {**fsdp, **knobs}, "hf-trainer",
+                              versions=versions)
+    old, new, said = run({"transformers": "5.9.0"}), run({"transformers": "5.10.0"}), run(fsdp_version=1)
+    assert (old.fsdp_version, new.fsdp_version, run().fsdp_version, said.fsdp_version) == (1, 2, 2, 1)
+    assert "fsdp_version=1 (transformers 5.9.0 default)" in old.assumed
+    # FSDP1 keeps its root unit (embedding, final norm, head) gathered while the loss runs; accelerate's FSDP2 only
+    # the [final norm, head] unit, beside that unit's all-gather output
+    from memfit.memory.inventory import base_tensors
+    from memfit.memory.states import fsdp as fsdp_states
+
+    embedding, head, norm = (128256 * 4096 * 2,) * 2 + (4096 * 2,)
+    one, two = (fsdp_states.states(s, base_tensors(s.model)) for s in (old, new))
+    assert one.gathered_loss == embedding + head + norm and one.forward_flat == 0
+    assert two.gathered_loss == two.forward_flat == head + norm
+
+
 def test_deepspeed_before_0_19_5_does_not_pin_offload_buffers():
     zero = dict(method="sft", zero_stage=2, offload_optimizer="cpu")
     old, new = _run({"deepspeed": "0.16.4"}, **zero), _run(**zero)

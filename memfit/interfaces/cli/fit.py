@@ -194,15 +194,19 @@ def _changes_of(scenario, old: dict, sayable: frozenset[str], edited: set[str]) 
 
     moved = {k for axis_knobs in axes().values() for k in axis_knobs}
     return {k: v for k, v in knobs_from_scenario(scenario).items()
-            if old.get(k) != v and k not in edited and (k in moved or k in sayable) and not _default(k, v, old, sayable)}
+            if old.get(k) != v and k not in edited and (k in moved or k in sayable)
+            and not _default(k, v, old, sayable, scenario.profile)}
 
 
-def _default(k: str, v, old: dict, sayable: frozenset[str]) -> bool:
-    """A knob that starts acting (a new engine's ratio) at its default, in a file that cannot say it: reading the
-    file back gives the same, so there is nothing to write."""
+def _default(k: str, v, old: dict, sayable: frozenset[str], profile: str) -> bool:
+    """A knob that starts acting (a new engine's ratio) at the value reading the file back gives: its default in a
+    file that cannot say it, or the framework's own default (a new FSDP's version): nothing to write."""
+    from memfit.facts.frameworks import framework
     from memfit.facts.knobs import knob
 
-    return k not in sayable and k not in old and v == knob(k).default
+    if k in old:
+        return False
+    return (k not in sayable and v == knob(k).default) or (knob(k).profile and framework(profile).defaults.get(k) == v)
 
 
 def _file_changes(row, old: dict, sayable: frozenset[str]) -> dict:
@@ -214,7 +218,8 @@ def _file_changes(row, old: dict, sayable: frozenset[str]) -> dict:
     wanted = {k for c in row.changes if not c.code_edit for k in axes()[c.knob]}
     edited = {k for c in row.changes if c.code_edit for k in axes()[c.knob]}
     return {k: v for k, v in knobs_from_scenario(row.scenario).items()
-            if old.get(k) != v and (k in wanted or (k in sayable and k not in edited)) and not _default(k, v, old, sayable)}
+            if old.get(k) != v and (k in wanted or (k in sayable and k not in edited))
+            and not _default(k, v, old, sayable, row.scenario.profile)}
 
 
 def _wrote(w) -> str:

@@ -119,6 +119,11 @@ def read(path_or_text, *, gpus: int | None = None, files: dict | None = None, pa
     elif dist == "FSDP":
         fsdp = doc.get("fsdp_config") or {}
         version = as_int(where, "fsdp_config.fsdp_version", _fsdp_get(fsdp, "version") or 1)
+        if version not in (1, 2):
+            raise bad(where, "fsdp_config.fsdp_version", f"expected 1 or 2, got {shown(version)}")
+        knobs["fsdp_version"] = version
+        if _fsdp_get(fsdp, "version") is None:
+            assumed.append("fsdp_version=1 (accelerate default)")
         strategy = _fsdp_get(fsdp, "sharding_strategy")
         reshard = _fsdp_get(fsdp, "reshard_after_forward")
         if strategy is not None:
@@ -214,7 +219,7 @@ def apply(doc: dict, changes: dict, imported: ImportedConfig) -> dict:
             if not with_file and value is not None:
                 raise cannot(imported, knob, value, "accelerate's deepspeed_config has no such key; point "
                              "deepspeed_config_file at a DeepSpeed JSON")
-        elif knob in ("fsdp_strategy", "fsdp_cpu_offload", "fsdp_cpu_ram_efficient_loading") or (
+        elif knob in ("fsdp_strategy", "fsdp_cpu_offload", "fsdp_cpu_ram_efficient_loading", "fsdp_version") or (
                 knob == "checkpointing" and engine == "fsdp"):
             if engine != "fsdp":
                 if value in (None, False):
@@ -227,6 +232,8 @@ def apply(doc: dict, changes: dict, imported: ImportedConfig) -> dict:
                 fsdp[_fsdp_key(fsdp, "offload_params")] = bool(value)
             elif knob == "fsdp_cpu_ram_efficient_loading":
                 fsdp[_fsdp_key(fsdp, "cpu_ram_efficient_loading")] = value is not False
+            elif knob == "fsdp_version":
+                fsdp[_fsdp_key(fsdp, "version")] = value or 1
             else:
                 if value not in ("full", "off", None):
                     raise cannot(imported, knob, value, "FSDP activation checkpointing is full or off")

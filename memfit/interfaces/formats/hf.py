@@ -49,6 +49,10 @@ def _fsdp(doc: dict, where: str) -> dict:
     if isinstance(config, dict) and as_bool(where, "fsdp_config.activation_checkpointing",
                                             config.get("activation_checkpointing", False)):
         knobs["checkpointing"] = "full"
+    if isinstance(config, dict) and config.get("version") is not None:  # absent: the transformers release decides
+        knobs["fsdp_version"] = as_int(where, "fsdp_config.version", config["version"])
+        if knobs["fsdp_version"] not in (1, 2):
+            raise bad(where, "fsdp_config.version", f"expected 1 or 2, got {shown(config['version'])}")
     return knobs
 
 
@@ -279,6 +283,9 @@ def apply(doc: dict, changes: dict, imported: ImportedConfig) -> dict:
             _flag(doc, knob, bool(value), False)
         elif knob in ("engine", "fsdp_strategy", "fsdp_cpu_offload"):
             _engine(doc, knob, value, changes, imported)
+        elif knob == "fsdp_version":
+            if value is not None and (changes.get("engine") or imported.knobs.get("engine")) == "fsdp":
+                doc["fsdp_config"] = dict(doc.get("fsdp_config") or {}, version=value)
         elif knob in ds.KNOBS:
             if isinstance(doc.get("deepspeed"), dict):
                 doc["deepspeed"] = ds.apply_engine(doc["deepspeed"], {knob: value}, imported)

@@ -48,6 +48,8 @@ class ModelStates:
     gathered_head: int = 0
     gathered_backward_start: int | None = None
     regather: int = 0
+    forward_flat: int = 0  # an all-gather output FSDP2 keeps from the head to forward's end (accelerate's tail unit)
+    gathered_end: int = 0  # still gathered while the last gradient is reduced (FSDP1's root, at its post-backward)
     head_grads: int | None = None  # the output head's gradient bytes held from backward's start (None: by its params)
     # sharded gradients already reduced while backward's last layers run (None: all of grads_after_backward; FSDP with
     # the root gathered reduces the root last and the last layers' gradients after them)
@@ -58,8 +60,12 @@ class ModelStates:
     grads_between_steps: int = 0  # gradient storage that exists during forward
     grads_after_backward: int = 0  # all gradient storage at the end of backward
     grads_unreduced: int = 0  # full-size grads of one module waiting for reduce-scatter
+    # one layer's weight gradients, made as the top layer's backward runs (its MLP's and output projection's before
+    # its attention's backward peaks; one GPU / DDP, where they stay)
+    top_layer_grads: int = 0
     # a trainable embedding tied to the head: its gradient bytes (the head's and the embedding's meet at its backward)
     tied_embedding_grads: int = 0
+    grads_before_tied: int | None = None  # ... the other gradients then (None: all but it; FSDP: their shards)
     # gradient bytes in flight while the output head's gradient is reduced, right after the head's backward
     # (every activation still saved, the loss buffers gone): ZeRO-1/2 offload
     head_reduce: int = 0

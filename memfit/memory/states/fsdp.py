@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from memfit.facts.engines import engine_of
-from memfit.facts.frameworks import model_code
+from memfit.facts.frameworks import framework, model_code
 from memfit.memory.inventory import ParamTensor
-from memfit.memory.states import fsdp_units, plain
+from memfit.memory.states import accelerate_fsdp, fsdp_units, plain
 from memfit.memory.states.common import (HostBuffer, ModelStates, frozen_bytes, layer_elements, quantized_bytes,
                                          torch_optimizer, trainable_dtype_bytes)
 
@@ -92,6 +92,8 @@ def states(s, tensors: list[ParamTensor]) -> ModelStates:
             and s.loss in ("chunked_output", "standard")):
         _loss_after_root(s, tensors, ms)
     fsdp_units.apply(s, tensors, ms, n)  # a framework's own wrapping (LitGPT: the root kept, FSDP1 flat units)
+    if framework(s.profile).fsdp.get("wrapping") == "accelerate":  # HF Trainer's: accelerate's FSDP1 / FSDP2 layout
+        accelerate_fsdp.apply(s, tensors, ms, n)
     if s.steps_in_backward:
         # each parameter is stepped and its gradient freed in its backward hook, after its reduce-scatter (torchtune
         # register_optim_in_bwd_hooks; measured, bench/torchtune_distributed.py): no gradient is left for the step

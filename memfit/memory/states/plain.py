@@ -73,6 +73,9 @@ def states(s, tensors: list[ParamTensor]) -> ModelStates:
     )
     if s.runs_autocast:
         autocast_casts(s, tensors, ms)
+    # the whole layer's (its q, k, v gradients come after the attention's peak: errs high by those)
+    per_layer = sum(t.total * trainable_dtype_bytes(s, t) for t in trainable if t.per_layer)
+    ms.top_layer_grads = per_layer // max(s.model.num_layers, 1)
     if s.model.tie_embeddings:
         ms.tied_embedding_grads = sum(t.total * trainable_dtype_bytes(s, t) for t in trainable if t.kind == "embedding")
     if s.steps_in_backward:
