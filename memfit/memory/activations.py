@@ -152,6 +152,16 @@ def _peft_per_token(s: Scenario, module: str, sizes: dict[str, int], width: int)
     return bytes_of(facts["saved"], sizes, per_token=True) + mask, facts["saves_input"]
 
 
+def _mlp_grad_bytes(s: Scenario, adapters: list[ParamTensor], b: int) -> int:
+    """Bytes per element of the MLP's intermediate-wide backward temporaries. An activation whose output autocast
+    leaves fp32, read by an adapted down projection, is cast once per reader (the base Linear and the adapter): both
+    input gradients come back through the casts in fp32 and are summed in fp32 (traced: GPT-J, LoRA on fc_out)."""
+    m = s.model
+    down = {mod for mod, roles in m.linear_names.items() if set(roles) & {"down", "proj"}}
+    read_twice = bool(down & set(_adapted(s, adapters)))
+    return 4 if read_twice and activation_fp32_output(m.hidden_act, s.runs_autocast) else b
+
+
 def _peft_fixed(s: Scenario, adapters: list[ParamTensor]) -> int:
     """Bytes per decoder layer a PEFT method saves whatever the tokens: weight-sized deltas (LoHa), the
     autocast copies of its adapter weights."""
@@ -344,8 +354,9 @@ def activations(s: Scenario, adapters: list[ParamTensor]) -> Activations:
         + (smart.device if smart else 0),
         shared_masks=masks,
         layer_forward_transient=n * b * max(4 * h, 2 * m.intermediate_size) + rows * t * t * per_key_transient,
-        layer_backward_transient=layer_backward_transient(s, n, b, rb, n * b * (3 * m.intermediate_size + 2 * h),
-                                                          mlp_side, rows * t * t, per_key_saved)
+        layer_backward_transient=layer_backward_transient(
+            s, n, b, rb, n * (3 * m.intermediate_size * _mlp_grad_bytes(s, adapters, b) + 2 * h * b), mlp_side,
+            rows * t * t, per_key_saved)
         + _peft_backward(s, adapters),
         logits_forward_peak=logits_fwd + head_copy + scaled,
         logits_saved=logits_saved + head_copy + scaled,

@@ -202,3 +202,14 @@ def test_qlora_over_stacked_moe_experts_is_refused_by_the_trace_in_one_line(tmp_
                        {"tuning": "qlora", "seq_len": 256, "micro_batch": 1})
     with pytest.raises(MemfitError, match="QLoRA over stacked MoE experts"):
         run_trace(s)
+
+
+def test_gptj_lora_under_autocast_is_not_under_predicted_where_two_fp32_input_gradients_meet(tmp_path):
+    """gelu_new's output stays fp32 under autocast; read by fc_out and by its LoRA adapter, it is cast once per
+    reader, so both input gradients come back fp32 and are summed in fp32 (traced; activations._mlp_grad_bytes)."""
+    class Fresh(any_config.Traces):
+        def __init__(self):
+            self.entries, self.path = {}, tmp_path / "traces.json"
+
+    row = any_config.compare("gptj", ("lora", "full", 2, 2048, "eager", True), tmp_path, Fresh())
+    assert not row.error and 0 <= row.pct <= 5, row
