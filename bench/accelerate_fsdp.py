@@ -11,7 +11,10 @@ minus one GPU, with the row's --fsdp-version). The peak of the 2-rank run is sho
 
 transformers' TrainingArguments picks FSDP1 up to 5.9 and FSDP2 from 5.10.0 (`fsdp_config.get("version", ...)`, read
 from the wheels); an accelerate config says fsdp_version itself (default 1). memfit models each as accelerate lays it
-out (memfit/memory/states/accelerate_fsdp.py). `--save` keeps the measured rows, with the versions, in
+out (memfit/memory/states/accelerate_fsdp.py). The rows named "transformers-4.48" run fms-acceleration's benchmark
+releases instead (transformers 4.48.1, accelerate 1.0.1, peft 0.13.2, in the venv of tests/trace/setup_fms_venv.sh;
+the runner does that Trainer's FSDP1 path, reentrant checkpointing) against the estimate with
+--framework-version transformers=4.48.1. `--save` keeps the measured rows, with the versions, in
 bench/accelerate_fsdp.json; `--saved` compares them with the estimate without running anything.
 """
 from __future__ import annotations
@@ -40,7 +43,14 @@ MODELS = {
                    dict(micro_batch=1, seq_len=16, steps=2)),
     "wide-layer": (dict(hidden=512, layers=4, heads=8, kv_heads=8, inter=4096, vocab=256),
                    dict(micro_batch=1, seq_len=32, steps=2)),
+    # eight layers whose inputs outweigh the weights and the loss: what backward keeps per layer shows
+    "deep": (dict(hidden=512, layers=8, heads=8, kv_heads=2, inter=1024, vocab=512),
+             dict(micro_batch=2, seq_len=512, steps=2)),
 }
+# fms-acceleration's benchmark environment (scripts/benchmarks/refs/requirements.txt at 24bdadb), the releases its
+# A100 rows ran; torch stays memfit's 2.13.0 (its FSDP1 hooks read the same as 2.4.1's, the refs' pin)
+FMS_VENV = Path(os.environ.get("MEMFIT_FMS_VENV", ROOT / ".venvs" / "fms"))
+FMS_RELEASES = {"transformers": "4.48.1", "accelerate": "1.0.1", "peft": "0.13.2"}
 # TrainingArguments' own FSDP1 plugin arguments prefetch nothing in backward; accelerate config files (LLaMA-Factory's
 # examples/accelerate/fsdp_config.yaml, fms-acceleration's) write BACKWARD_PRE, which memfit assumes
 PREFETCH = {"backward_prefetch": "BACKWARD_PRE"}
@@ -50,6 +60,12 @@ ROWS = {
        for m in ("wide-vocab", "wide-layer") for t in ("full", "lora") for v in (1, 2)},
     **{f"wide-vocab tied full fsdp{v}": dict(model="wide-vocab", tuning="full", fsdp_version=v, tied=True,
                                              fsdp_config=PREFETCH if v == 1 else {}) for v in (1, 2)},
+    # the 4.x Trainer under fms-acceleration's accelerate.yaml (BACKWARD_PRE): LoRA and full, reentrant (4.x's
+    # default), and LoRA with use_reentrant=False (gradient_checkpointing_kwargs), which the 4.x Trainer passes through
+    **{f"deep {t} fsdp1 transformers-4.48": dict(model="deep", tuning=t, fsdp_version=1, releases=FMS_RELEASES)
+       for t in ("full", "lora")},
+    "deep lora fsdp1 transformers-4.48 non-reentrant": dict(model="deep", tuning="lora", fsdp_version=1,
+                                                            releases=FMS_RELEASES, reentrant=False),
 }
 
 
@@ -57,21 +73,39 @@ def _runs(name: str) -> list[dict]:
     row = ROWS[name]
     dims, batch = MODELS[row["model"]]
     base = {"dims": dims, "checkpointing": True, **batch, "tuning": row["tuning"], "fsdp_version": row["fsdp_version"],
-            "fsdp_config": row.get("fsdp_config", {}), "tied": row.get("tied", False)}
+            "fsdp_config": row.get("fsdp_config", {}), "tied": row.get("tied", False),
+            **({"reentrant": row["reentrant"]} if "reentrant" in row else {})}
     return [{**base, "world": 2}, {**base, "world": 1}]
 
 
-def measure(names: list[str]) -> dict[str, dict]:
-    """name -> {"fsdp": per-rank results, "single": the one process's}."""
+def _python(name: str) -> str:
+    """The interpreter whose releases a row runs: memfit's own, or the fms venv for the "transformers-4.48" rows."""
+    if not ROWS[name].get("releases"):
+        return sys.executable
+    python = FMS_VENV / "bin" / "python"
+    if not python.exists():
+        raise SystemExit(f"no fms-acceleration venv at {FMS_VENV}: build it with bash tests/trace/setup_fms_venv.sh")
+    return str(python)
+
+
+def _measure_with(python: str, names: list[str]) -> dict[str, dict]:
     lines = "".join(json.dumps(run) + "\n" for name in names for run in _runs(name))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    done = subprocess.run([sys.executable, "-m", "memfit.measure.accelerate_ranks"], input=lines, text=True,
+    done = subprocess.run([python, "-m", "memfit.measure.accelerate_ranks"], input=lines, text=True,
                           capture_output=True, env=env, timeout=3600)
     if done.returncode:
         raise SystemExit(done.stderr[-2000:])
     results = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
     return {name: {"fsdp": results[2 * i]["ranks"], "single": results[2 * i + 1]["ranks"]}
             for i, name in enumerate(names)}
+
+
+def measure(names: list[str]) -> dict[str, dict]:
+    """name -> {"fsdp": per-rank results, "single": the one process's}, each row run by its releases' python."""
+    out: dict[str, dict] = {}
+    for python in dict.fromkeys(_python(name) for name in names):
+        out |= _measure_with(python, [name for name in names if _python(name) == python])
+    return {name: out[name] for name in names}
 
 
 def estimate_peak(name: str, gpus: int) -> int:
@@ -91,8 +125,12 @@ def estimate_peak(name: str, gpus: int) -> int:
              "padding": "packed", "micro_batch": batch["micro_batch"], "seq_len": batch["seq_len"],
              "engine": "fsdp" if gpus > 1 else "single",
              "fsdp_version": row["fsdp_version"] if gpus > 1 else None}
+    versions = None
+    if row.get("releases"):  # transformers 4.x: reentrant unless the row says not; the runner builds bf16 modules
+        versions = {"transformers": row["releases"]["transformers"]}
+        knobs |= {"frozen_fp32": False, "reentrant": row.get("reentrant", True)}
     est = estimate(build_scenario(spec, Hardware(gpu=find_gpu("a100-80gb"), gpus_per_node=gpus), knobs,
-                                  "hf-trainer")).allocated
+                                  "hf-trainer", versions=versions)).allocated
     return max(est.phases[p].total - est.phases[p].get("runtime_overhead")
                for p in ("forward", "backward", "optimizer_step"))
 
@@ -107,10 +145,11 @@ def compare(name: str, measured: dict) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    head = f"{'row':<28} {'2 ranks':>9} {'1 rank':>9} {'FSDP -':>9} {'memfit':>9} {'memfit -':>9} {'total':>7} {'FSDP':>7}"
-    out = [head, f"{'':<28} {'MiB':>9} {'MiB':>9} {'1 rank':>9} {'2 GPUs':>9} {'1 GPU':>9} {'err %':>7} {'err %':>7}"]
+    w = max([28] + [len(r["name"]) for r in rows])
+    head = f"{'row':<{w}} {'2 ranks':>9} {'1 rank':>9} {'FSDP -':>9} {'memfit':>9} {'memfit -':>9} {'total':>7} {'FSDP':>7}"
+    out = [head, f"{'':<{w}} {'MiB':>9} {'MiB':>9} {'1 rank':>9} {'2 GPUs':>9} {'1 GPU':>9} {'err %':>7} {'err %':>7}"]
     for r in rows:
-        out.append(f"{r['name']:<28} {r['measured'] / MIB:9.2f} {r['measured_single'] / MIB:9.2f} "
+        out.append(f"{r['name']:<{w}} {r['measured'] / MIB:9.2f} {r['measured_single'] / MIB:9.2f} "
                    f"{(r['measured'] - r['measured_single']) / MIB:9.2f} {r['estimate'] / MIB:9.2f} "
                    f"{(r['estimate'] - r['estimate_single']) / MIB:9.2f} {r['error_pct']:+7.2f} "
                    f"{r['delta_error_pct']:+7.2f}")

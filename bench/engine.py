@@ -52,13 +52,14 @@ MICRO_BATCH, SEQ = 2, 128
 
 
 def scenario(spec: ModelSpec, engine: str = "deepspeed", stage: int = 2, offload: str = "none", pin: bool = True,
-             ratio: float = 1.0, sub_group: int | None = None, lora: bool = False, ga: int = 1) -> Scenario:
+             ratio: float = 1.0, sub_group: int | None = None, lora: bool = False, ga: int = 1,
+             params: str = "none") -> Scenario:
     h = spec.hidden_size
     hw = Hardware(gpu=find_gpu("a100-80gb"), gpus_per_node=2)
     knobs: dict = {}
     if engine == "deepspeed":
         # HF Trainer "auto" fills (docs/knobs.md A.3): bucket h*h, prefetch 0.9*h*h, persistence 10*h
-        knobs = dict(zero_stage=stage, offload_optimizer=offload, pin_memory=pin, ratio=ratio,
+        knobs = dict(zero_stage=stage, offload_optimizer=offload, offload_param=params, pin_memory=pin, ratio=ratio,
                      reduce_bucket_size=h * h, prefetch_bucket_size=int(0.9 * h * h),
                      param_persistence_threshold=10 * h, sub_group_size=sub_group or 1_000_000_000)
     elif engine == "fsdp":
@@ -98,6 +99,8 @@ def label(s: Scenario) -> str:
     text = f"z{s.zero_stage}"
     if s.offload_optimizer != "none":
         text += " off" + ("" if s.pin_memory else " nopin")
+    if s.offload_param != "none":
+        text += "+param"
     if s.ratio < 1:
         text += f" r{s.ratio:g}/sg{s.sub_group_size // 1000}k"
     return text
@@ -114,6 +117,7 @@ def rows(quick: bool) -> list[Scenario]:
         out += [scenario(m, stage=s, offload="cpu") for s in (1, 2, 3)]
         out += [scenario(m, stage=s, offload="cpu", pin=False) for s in (2, 3)]
         out += [scenario(m, stage=3, offload="cpu", ratio=0.5, sub_group=1_000_000)]
+        out += [scenario(m, stage=3, offload="cpu", params="cpu")]
         out += [scenario(m, stage=2, lora=True), scenario(m, stage=3, lora=True)]
         out += [scenario(m, stage=2, ga=4), scenario(m, stage=3, offload="cpu", ga=4)]
     out += [scenario(LLAMA, engine="ddp"), scenario(LLAMA, engine="fsdp")]

@@ -17,7 +17,15 @@ A band is the share of the estimated device total by which a real run may exceed
 - allowance: what neither bench can see (memfit/facts/data/error_allowances.toml), assumed.
 A kind is written only when it is measured: trace rows for its tuning and, beyond one GPU, engine rows for its
 family and tuning. Others borrow the widest band at run time (memfit/facts/error_bands.py).
-The published cases (../shared/cases) are a check of these bands (bench/published.py), never an input.
+
+The CPU benches cannot see what only a GPU run holds (the caching allocator, the CUDA context, NCCL, kernels'
+workspaces), so each kind also gets a band from real GPU runs (bench/real_runs.py: our H200 rows, the published
+measurements and the user reports of ../shared/cases), measured as coverage. The real rows are split in two by a
+hash of their configuration; on one part the band is set as the narrowest FLOOR + FRACTION x estimate that covers
+95% of its rows' excess over the estimate (a floor because what a GPU run adds is partly a fixed amount: the
+context and library workspaces); the other part reports how many of its rows land outside. A kind with fewer than
+10 real rows says so and takes the widest measured real band. A verdict needs the larger of the two bands: real
+runs can only widen a band, and no band ever moves an estimate.
 """
 from __future__ import annotations
 
@@ -25,6 +33,7 @@ import argparse
 import datetime
 import json
 import math
+import statistics
 import subprocess
 import sys
 import tomllib
@@ -42,6 +51,9 @@ TRACE = ROOT / "bench" / "trace_cache.json"
 ENGINE = ROOT / "bench" / "engine_measured.json"
 ACCELERATE = ROOT / "bench" / "accelerate_fsdp.json"  # HF Trainer's FSDP1 / FSDP2 through accelerate, 2 gloo ranks
 ALLOWANCES = TABLE.parent / "error_allowances.toml"
+REAL_MIN_ROWS = 10  # a kind with fewer real rows takes the widest measured real band
+FLOOR_STEP = 2**28  # the real band's floor is searched in quarter-GiB steps
+GIB = 2**30
 
 
 def quantile(values: list[float], q: float = QUANTILE) -> float:
@@ -118,6 +130,88 @@ def engine_rows(doc: dict) -> dict[str, list[float]]:
     return kinds
 
 
+def real_band(rows: list, q: float = QUANTILE) -> tuple[int, float]:
+    """(floor bytes, fraction): of the pairs under which q of `rows` have excess <= floor + fraction x estimate,
+    the one whose margin, summed over the rows memfit under-predicted, is least (a row memfit over-predicted is
+    held by any band: its size must not decide the band's shape)."""
+    best = None
+    under = [r for r in rows if r.excess > 0] or rows
+    top = max(0, max(r.excess for r in rows))
+    for floor in range(0, top + FLOOR_STEP, FLOOR_STEP):
+        fraction = max(0.0, math.ceil(quantile([(r.excess - floor) / r.estimate for r in rows], q) * 1e4) / 1e4)
+        cost = sum(floor + fraction * r.estimate for r in under)
+        if best is None or cost < best[0]:
+            best = (cost, floor, fraction)
+    return best[1], best[2]
+
+
+def covered(row, floor: int, fraction: float, cpu_fraction: float) -> bool:
+    """Whether the band a verdict would use holds this real run's excess."""
+    return row.excess <= max(cpu_fraction * row.estimate, floor + fraction * row.estimate)
+
+
+def real_kinds(cpu_bands: dict[str, float]) -> dict[str, dict]:
+    """Per kind with enough real rows: its band set on the fit part and its coverage of the held-out part; the
+    kinds with fewer rows take the widest (the largest floor and fraction of the measured kinds)."""
+    import real_runs
+
+    by_kind: dict[str, list] = {}
+    rows_all = real_runs.real_rows()
+    part = real_runs.split(rows_all)
+    for r in rows_all:
+        by_kind.setdefault(r.kind, []).append(r)
+    out = {}
+    for kind, rows in sorted(by_kind.items()):
+        fit = [r for r in rows if part[kind, r.group] == "fit"]
+        held = [r for r in rows if part[kind, r.group] == "held_out"]
+        entry = {"rows": len(rows), "fit_rows": len(fit), "held_out": len(held), "rows_list": rows, "fit": fit,
+                 "held": held}
+        if len(rows) >= REAL_MIN_ROWS and fit and held:
+            entry["floor"], entry["fraction"] = real_band(fit)
+        out[kind] = entry
+    measured = [e for e in out.values() if "floor" in e]
+    reference = statistics.median(r.estimate for e in out.values() for r in e["rows_list"])
+    # the widest: the measured band with the largest margin at the real runs' median estimate
+    top = max(measured, key=lambda e: e["floor"] + e["fraction"] * reference, default=None)
+    wide = (top["floor"], top["fraction"]) if top else (0, 0.0)
+    out["widest"] = {"rows": 0, "fit_rows": 0, "held_out": 0, "rows_list": [], "held": [], "floor": wide[0],
+                     "fraction": wide[1],
+                     "of": next((k for k, e in out.items() if e is top), "")}
+    for kind, e in out.items():
+        if "floor" not in e:
+            e["floor"], e["fraction"], e["stands_in"] = wide[0], wide[1], True
+        cpu = cpu_bands.get(kind, max(cpu_bands.values(), default=0.0))
+        e["outside"] = sum(not covered(r, e["floor"], e["fraction"], cpu) for r in e.get("held", ()))
+    return out
+
+
+def _real_section(kinds: dict[str, dict]) -> list[str]:
+    import real_runs
+
+    digest = real_runs.sources_digest()
+    total = sum(e["rows"] for e in kinds.values())
+    out = ["[source.real]",
+           'what = "real GPU runs (bench/real_runs.py): bench/cuda_h200.json when measured, ../shared/cases '
+           'published.jsonl and user-reports.jsonl; excess = measured - estimate on what each measured"',
+           f'sha256 = "{digest}"  # of the case files read\nrows = {total}\nmin_rows = {REAL_MIN_ROWS}',
+           'split = "per kind, each model\'s configurations (model, GPUs, method, micro-batch, length, engine) in '
+           'sha256 order, alternately on each side: the band is set on the fit part, the held_out part reports how '
+           'many of its rows land outside"\n']
+    wide = kinds.pop("widest")
+    out += ["[real_widest]  # what a kind with fewer real rows, or none, takes",
+            f'kind = "{wide["of"]}"', f"floor_gib = {wide['floor'] / GIB:.2f}", f"fraction = {_num(wide['fraction'])}\n"]
+    for kind, e in kinds.items():
+        rel = [r.relative for r in e["rows_list"]]
+        note = (f"  # fewer than {REAL_MIN_ROWS} real rows: the widest measured real band (the largest margin at the "
+                f"real runs' median estimate)" if e.get("stands_in") else "")
+        out += [f'[real."{kind}"]', f"rows = {e['rows']}", f"fit_rows = {e['fit_rows']}",
+                f"held_out = {e['held_out']}", f"held_out_outside = {e['outside']}",
+                f"floor_gib = {e['floor'] / GIB:.2f}{note}", f"fraction = {_num(e['fraction'])}",
+                f"stands_in = {'true' if e.get('stands_in') else 'false'}",
+                f"relative = {_list(rel)}\n"]
+    return out
+
+
 def file_date(path: Path) -> str:
     """When the bench file was made: its last commit's date when unchanged since, else today."""
     rel = str(path.relative_to(ROOT))
@@ -169,6 +263,7 @@ def render(dates: dict[str, str] | None = None) -> str:
     for group, values in sorted(trace.items()):
         out += [f"[trace.{group}]  # {trace_src}", f"rows = {len(values)}",
                 f"p95 = {_num(quantile(values))}", f"under = {_list(values)}\n"]
+    cpu_bands: dict[str, float] = {}
     for family, parts in families.items():
         allowance = parts["fragmentation"] + parts["nccl"] + parts["libraries"]
         for group, values in sorted(trace.items()):
@@ -186,7 +281,8 @@ def render(dates: dict[str, str] | None = None) -> str:
                     f"measured = {_num(t + e)}",
                     f"allowance = {_num(allowance)}  # assumed: error_allowances.toml [family.{family}]",
                     f"band = {_num(t + e + allowance)}\n"]
-    return "\n".join(out)
+            cpu_bands[kind] = round(t + e + allowance, 4)
+    return "\n".join(out + _real_section(real_kinds(cpu_bands)))
 
 
 def recorded_dates() -> dict[str, str] | None:
@@ -194,7 +290,7 @@ def recorded_dates() -> dict[str, str] | None:
         return None
     with open(TABLE, "rb") as f:
         src = tomllib.load(f).get("source", {})
-    return {k: v["date"] for k, v in src.items()} if {"trace", "engine"} <= set(src) else None
+    return {k: src[k]["date"] for k in ("trace", "engine")} if {"trace", "engine"} <= set(src) else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,8 +3,9 @@
     python bench/published.py --cases ../shared/cases/published.jsonl [--summary-json]
 
 Reads any file in the ../shared/cases schema (one JSON object per line). Each case maps to a Scenario
-through its `profile` (framework defaults) and its stated knobs; a case memfit cannot model is listed
-as skipped with the reason.
+through its `profile` (framework defaults) and its stated knobs, its method as sources write it (every
+--tuning memfit models, LitGPT's precision and --quantize, PEFT modules_to_save, unsloth's checkpointing);
+a case memfit cannot model is listed as skipped with the reason: what memfit does not model.
 """
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.version import Version
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from memfit.facts.adapters import adapter_methods, method_info, wraps  # noqa: E402
 from memfit.facts.catalog import custom_gpu, find_gpu, find_model  # noqa: E402
 from memfit.errors import MemfitError  # noqa: E402
 from memfit.roles.estimate import estimate  # noqa: E402
@@ -63,7 +67,10 @@ TEXT_KEYS = ("id", "model", "profile", "method", "lora_targets", "precision", "q
              "measured_unit", "value_scope", "outcome", "notes", "source_detail", "reliability", "framework")
 COUNT_KEYS = ("lora_rank", "lora_alpha", "zero_stage", "num_gpus", "micro_batch_size", "grad_accum", "seq_len")
 NUMBER_KEYS = ("params_b", "gpu_mem_gb", "measured_value", "host_ram_value")
-FLAG_KEYS = ("gradient_checkpointing", "compile")
+FLAG_KEYS = ("compile",)
+# gradient_checkpointing: true / false, or the mode a source names as text (unsloth's use_gradient_checkpointing=
+# "unsloth", "offloaded"): a flag, or its words lower-cased (_checkpointing reads them)
+MODE_KEYS = ("gradient_checkpointing",)
 FLAG_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 LIST_KEYS = ("lora_targets",)  # text that may come as a list, kept a list (_lora_targets reads either)
 
@@ -106,8 +113,16 @@ def _flag(key: str, value) -> bool:
     raise Skip(f"case key {key!r}: expected true or false, got {type(value).__name__} {value!r:.40}")
 
 
+def _flag_or_mode(key: str, value) -> bool | str:
+    """A flag, or the mode a source names in words, lower-cased ("unsloth", "offloaded")."""
+    word = value.strip().strip("'\"").lower() if isinstance(value, str) else None
+    if word and word not in FLAG_WORDS:
+        return word
+    return _flag(key, value if word is None else word)
+
+
 READERS = {**{k: _text for k in TEXT_KEYS}, **{k: _count for k in COUNT_KEYS}, **{k: _number for k in NUMBER_KEYS},
-           **{k: _flag for k in FLAG_KEYS}}
+           **{k: _flag for k in FLAG_KEYS}, **{k: _flag_or_mode for k in MODE_KEYS}}
 
 
 def normalize(case) -> dict:
@@ -169,19 +184,104 @@ def _method(text: str) -> tuple[str, str]:
     return "sft", m
 
 
-def _tuning(method: str) -> str:
-    m = method.lower()
-    if "qlora" in m or "gptq" in m:
-        return "qlora"
-    if "dora" in m or "lora" in m:
-        return "lora"
-    if m.startswith("full"):
-        return "full"
-    raise Skip(f"method {method!r} not modeled")
+# A method as sources write it (lower-cased, "_" and "-" read as spaces) -> memfit's --tuning (knobs.toml; the PEFT
+# methods are data/adapters.toml's). First match wins: a text that starts "full" is full tuning ("full (train on
+# prompt)"), boft before oft, qlora before lora, lora before adapter ("LoRA adapters"), adapter v2 before adapter.
+TUNING_WORDS = (
+    (r"^full\b", "full"),
+    (r"\(ia\)\s*\^?\s*3|\bia\s*\^?\s*3\b", "ia3"),
+    (r"\badalora\b", "adalora"),
+    (r"\bloha\b", "loha"),
+    (r"\blokr\b", "lokr"),
+    (r"\bvera\b", "vera"),
+    (r"\bboft\b", "boft"),
+    (r"\boft\b", "oft"),
+    (r"\bprompt ?tuning\b|^prompt$", "prompt"),
+    (r"\bp ?tuning\b", "ptuning"),
+    (r"\b(ln|layer ?norm) ?tuning\b", "ln_tuning"),
+    (r"\btrainable tokens?\b", "trainable_tokens"),
+    (r"\bq(lo|do)ra\b|\bgptq\b", "qlora"),
+    (r"\b(lo|do)ra\b", "lora"),
+    (r"\bfreeze\b", "freeze"),
+    (r"\badapter ?v2\b", "llama_adapter_v2"),  # LitGPT finetune adapter_v2 (LLaMA-Adapter v2)
+    (r"\badapter\b", "llama_adapter"),  # LitGPT finetune adapter (LLaMA-Adapter)
+)
+# Methods sources run that memfit has no --tuning for: the skip names what is missing. P-tuning v2 is prefix tuning
+# (deep prompts in every layer), as PEFT builds it (PrefixTuningConfig).
+UNMODELED_METHODS = (
+    (r"\bprefix\b|\bp ?tuning ?v2\b",
+     "prefix tuning (PEFT PrefixTuningConfig) is not modeled: memfit has no --tuning for a trained key/value prefix "
+     "handed to every layer as past_key_values (data/adapters.toml lists the PEFT methods it models)"),
+)
+# The base weights a case quantizes, from its quantization key or method text: (pattern, bits, double quant). LitGPT
+# writes Fabric's BitsandbytesPrecision modes (--quantize bnb.nf4 | bnb.nf4-dq | bnb.fp4 | bnb.int8-training):
+# lightning 2.6.6 fabric/plugins/precision/bitsandbytes.py builds nf4 with compress_statistics=False, nf4-dq with True.
+QUANT_WORDS = (  # matched on _words(text): "load_in_8bit" reads "load in 8bit", "bnb.nf4-dq" reads "bnb.nf4 dq"
+    (r"\bbnb\.nf4 dq\b", 4, True),
+    (r"\bbnb\.nf4\b", 4, False),
+    (r"\bnf4\b|\b4 ?bit\b|\bint4\b|\bgptq\b|\bqlora\b|\bqdora\b", 4, None),
+    (r"\bint8\b|\b8 ?bit\b", 8, None),  # LLM.int8, load_in_8bit
+)
+UNMODELED_QUANT = (
+    (r"\bfp4\b", "a bitsandbytes FP4 base is not modeled: memfit's 4-bit base is NF4 (knobs.toml quant_bits)"),
+    # Fabric's int8-training mode is bnb Linear8bitLt with its default has_fp16_weights=True (bitsandbytes 0.50)
+    (r"\bint8 training\b", "LitGPT's bnb.int8-training keeps fp16 weights beside int8 (bnb Linear8bitLt "
+                           "has_fp16_weights=True): not memfit's LLM.int8 base (--quant-bits 8: int8 weights only)"),
+)
+# LLaMA-Adapter is LitGPT's own model code (data/adapters.toml wraps = "prompt_attention"); "adapter" from another
+# framework is a bottleneck adapter (Houlsby; adapter-transformers), which memfit does not model
+OTHER_ADAPTERS = ("bottleneck adapters (Houlsby, adapter-transformers) are not modeled: memfit's adapter methods are "
+                  "LitGPT's LLaMA-Adapter v1 / v2 (--profile litgpt)")
 
 
-def _precision(case: dict, tuning: str) -> str:
+def _words(text: str | None) -> str:
+    """Lower case, "_" and "-" as spaces: "LLaMA-Adapter_v2" and "llama adapter v2" read the same."""
+    return re.sub(r"[_-]", " ", (text or "").lower())
+
+
+def _tuning(method: str, profile: str | None) -> str:
+    """memfit's --tuning for a method text, or a skip that names what memfit does not model."""
+    m = _words(method).strip()
+    if not m:
+        raise Skip("method not stated")
+    for pattern, gap in UNMODELED_METHODS:
+        if re.search(pattern, m):
+            raise Skip(gap)
+    tuning = next((t for pattern, t in TUNING_WORDS if re.search(pattern, m)), None)
+    if tuning is None:
+        raise Skip(f"method {method!r}: memfit has no --tuning for it (it models {', '.join(knob('tuning').choices)})")
+    if wraps(tuning) == "prompt_attention" and profile != "litgpt" and "llama" not in m:
+        raise Skip(OTHER_ADAPTERS)
+    return tuning
+
+
+def _quant(case: dict, tuning_text: str) -> tuple[int | None, bool | None]:
+    """(bits, double quant) of the base the case quantizes; (None, None) when it keeps 16-bit weights."""
+    text = _words(f"{case.get('quantization') or ''} {tuning_text}")
+    for pattern, gap in UNMODELED_QUANT:
+        if re.search(pattern, text):
+            raise Skip(gap)
+    hit = next(((bits, dq) for pattern, bits, dq in QUANT_WORDS if re.search(pattern, text)), None)
+    if hit and hit[1] is None and re.search(r"double ?quant", text):
+        return hit[0], True
+    return hit or (None, None)
+
+
+# Lightning Fabric's precision names (LitGPT's --precision) -> memfit's: "-true" builds the model in that dtype
+FABRIC_PRECISION = {"bf16-true": "bf16-pure", "bf16-mixed": "bf16-mixed", "16-true": "fp16-pure",
+                    "16-mixed": "fp16-mixed", "32-true": "fp32"}
+
+
+def _precision(case: dict, tuning: str, quantized: bool) -> str | None:
+    """memfit's precision for the case; None: unstated, the profile's default (data/frameworks/<profile>.toml)."""
     p = (case.get("precision") or "").lower()
+    fabric = re.search(r"\b(bf16|16|32)-(true|mixed)\b", p)
+    if case.get("profile") == "litgpt" and quantized:
+        return _litgpt_quantized(case, fabric.group(0) if fabric else None)
+    if fabric:
+        return FABRIC_PRECISION[fabric.group(0)]
+    if not p.strip():
+        return None
     if p.startswith("fp32"):
         return "fp32"
     half = "fp16" if p.startswith("fp16") else "bf16"
@@ -189,7 +289,20 @@ def _precision(case: dict, tuning: str) -> str:
         return f"{half}-pure"
     if case.get("profile") == "torchtune":
         return "bf16-pure"
-    return f"{half}-mixed" if tuning == "full" else f"{half}-pure"
+    return f"{half}-mixed" if tuning in ("full", "freeze") else f"{half}-pure"  # freeze: whole layers train
+
+
+def _litgpt_quantized(case: dict, fabric: str | None) -> str:
+    """LitGPT refuses --quantize with a mixed precision, its scripts' default (litgpt 0.5.13 finetune/lora.py,
+    adapter.py, adapter_v2.py: "Quantization and mixed precision is not supported"): a quantized run that left
+    --precision out never ran, so the case's run set a "-true" one, bf16 where the GPU has it (Fabric's
+    BitsandbytesPrecision dtype default, lightning 2.6.6)."""
+    if fabric and fabric.endswith("mixed"):
+        raise Skip(f"LitGPT refuses --quantize with --precision {fabric} (finetune/*.py): the case's precision and "
+                   "quantization cannot both hold")
+    if fabric:
+        return FABRIC_PRECISION[fabric]
+    return "bf16-pure" if _gpu(case).compute_capability >= 8.0 else "fp16-pure"
 
 
 def _optimizer(case: dict) -> tuple[str | None, bool]:
@@ -210,17 +323,20 @@ def _optimizer(case: dict) -> tuple[str | None, bool]:
 
 def _engine(case: dict) -> dict:
     d = (case.get("distributed") or "single").lower()
-    if "deepspeed" in d:
+    if "deepspeed" in d and "no deepspeed" not in d:  # "single (no DeepSpeed)" is one GPU without it
         knobs = {"zero_stage": case.get("zero_stage") if case.get("zero_stage") is not None else 3}
-        offload = (case.get("offload") or "") + (case.get("source_detail") or "")
-        if "zero3_offload" in offload or "optimizer->cpu" in offload:
+        offload = ((case.get("offload") or "") + " " + (case.get("source_detail") or "")).lower()
+        both = "zero3_offload" in offload or re.search(r"optimizer\s*\+\s*param(eter)?s? to cpu", offload)
+        if both or "optimizer->cpu" in offload:
             knobs["offload_optimizer"] = "cpu"
-        if "zero3_offload" in offload or "param->cpu" in offload:
+        if both or "param->cpu" in offload:
             knobs["offload_param"] = "cpu"
         return knobs
     if "fsdp" in d:
         offload = "cpu_offload=true" in (case.get("notes") or "").lower().replace(" ", "")
         return {"fsdp_strategy": "full_shard", "fsdp_cpu_offload": offload or None}
+    if case.get("distributed") is None:  # unstated: the profile's engine (LitGPT: FSDP on several devices)
+        return {}
     return {"engine": "single" if (case.get("num_gpus") or 1) == 1 else "ddp"}
 
 
@@ -230,17 +346,40 @@ def _seq(case: dict) -> int:
     kind = (case.get("seq_len_kind") or "").lower()
     if "tweet" in kind:
         return TWEET_TOKENS
+    cut = _torchtune_alpaca_cut(case, kind)
+    if cut:
+        return cut
     raise Skip("sequence length not stated")
 
 
-# fms-acceleration's benchmark refs (foundation-model-stack/fms-acceleration 24bdadb,
-# scripts/benchmarks/refs/requirements.txt) ran transformers 4.48.1: its own logits and loss, not the pin's.
+# torchtune's alpaca builders (alpaca_dataset, alpaca_cleaned_dataset) cut every row to max_seq_len = 512 unless the
+# config sets one: torchtune/datasets/_alpaca.py from PR #620 (2024-03-30) until PR #1284 (2024-08-15), so in v0.1.0
+# to v0.2.1 and at the commits TORCHTUNE_RUNS dates (fef3ed10, ff594c23, 0914d5cf, whose configs set no max_seq_len);
+# InstructDataset truncates the tokens to it. Padded to its longest row, a batch then holds at most 512 tokens, and
+# alpaca's longest rows pass 512 with the Llama-2 tokenizer: the run's peak batch is a 512-token one (a run that
+# never drew such a row peaks lower, and the estimate is then high).
+TORCHTUNE_ALPACA_CUT = ("0.1.0.dev20240330", "0.3.0.dev20240815", 512)  # (from, until, tokens)
+
+
+def _torchtune_alpaca_cut(case: dict, kind: str) -> int | None:
+    run = (_versions(case) or {}).get("torchtune")
+    packed = "packed" in kind.replace("unpacked", "")
+    if case.get("profile") != "torchtune" or "alpaca" not in kind or packed or not run:
+        return None
+    start, until, tokens = TORCHTUNE_ALPACA_CUT
+    return tokens if Version(start) <= Version(run) < Version(until) else None
+
+
+# fms-acceleration's benchmark refs (foundation-model-stack/fms-acceleration 24bdadb, the CSV's commit 876e2ed,
+# scripts/benchmarks/refs/requirements.txt) ran transformers 4.48.1, bitsandbytes 0.43.3, peft 0.13.2, accelerate
+# 1.0.1, torch 2.4.1: their own logits, loss and checkpointing, not the pins' (bitsandbytes >= 0.43.2's MatMul4Bit
+# keeps no input for backward, which memfit's default already says).
 FMS_TRANSFORMERS = "4.48.1"
 # FOAK's fast_loss there (plugins/fused-ops-and-kernels models/*.py, transformers >= 4.46): Llama, Mistral and
 # Mixtral get a custom loss_type whose ForCausalLMLoss copy calls unsloth's in-place Fast_CrossEntropyLoss;
-# GPTBigCode's rule swaps the CrossEntropyLoss name its module imported, which 4.48's CausalLM forward no longer
-# calls (it goes through self.loss_function), so its loss stays transformers' own.
-FOAK_INPLACE_CE = ("llama", "mistral", "mixtral")
+# GPTBigCode's rule swaps the CrossEntropyLoss name its module imported, which 4.48.1's GPTBigCodeForCausalLM
+# forward still calls (modeling_gpt_bigcode.py `loss_fct = CrossEntropyLoss()`; self.loss_function from 4.48.3).
+FOAK_INPLACE_CE = ("llama", "mistral", "mixtral", "gpt_bigcode")
 
 # The torchtune each case ran, from the commit or PR its source names (pytorch/torchtune's history): torchtune's main
 # on that day, named as the release whose history holds the commit ("0.2.0.dev20240509": main of 2024-05-09, shipped
@@ -307,6 +446,102 @@ def _model_name(case: dict) -> str:
     return re.sub(r"\s*\(.*\)$", "", case["model"]).strip()
 
 
+# What a case's gradient_checkpointing text means as memfit's --checkpointing (knobs.toml). Unsloth's
+# use_gradient_checkpointing="unsloth" is its offloaded checkpointing (memory/unsloth_offload.py), and True is plain
+# HF checkpointing there too: unsloth_zoo training_utils.py prepare_model_for_training calls gradient_checkpointing_
+# enable for True and undoes unsloth's offload patch for anything but "unsloth" (unsloth_zoo ce232d6c, 2026-08).
+def _checkpointing(case: dict) -> str | None:
+    said = case.get("gradient_checkpointing")
+    if said is None or isinstance(said, bool):
+        return {True: "full", False: "off"}.get(said)
+    if "unsloth" in said or "offload" in said:
+        return "unsloth" if "unsloth" in said or case.get("profile") == "unsloth" else "offload"
+    if said in knob("checkpointing").choices:
+        return said
+    raise Skip(f"gradient_checkpointing {said!r}: not a checkpointing memfit models (it models "
+               f"{', '.join(knob('checkpointing').choices)})")
+
+
+# Counts a case states in its method, notes or source_detail: (knob, patterns; each captures a number, or a
+# bracketed list whose items are counted)
+STATED_COUNTS = {
+    "lora_rank": (r"\binit_r\s*[=:]\s*(\d+)", r"\b(?:lora_)?(?:r|rank)\s*[=:]\s*(\d+)"),
+    "virtual_tokens": (r"\bnum_virtual_tokens\s*[=:]\s*(\d+)", r"\bvirtual[ _]tokens\s*[=:]\s*(\d+)",
+                       r"(\d+)\s+virtual[ _]tokens"),
+    "trainable_tokens": (r"\b(?:trainable_)?token_indices\s*[=:]\s*(\[[^\]]*\])",
+                         r"\btrainable[ _]tokens\s*[=:]\s*(\d+)", r"(\d+)\s+trainable[ _]tokens"),
+    "freeze_trainable_layers": (r"\bfreeze_trainable_layers\s*[=:]\s*(\d+)",),
+}
+
+
+def _stated(text: str, name: str) -> int | None:
+    for pattern in STATED_COUNTS[name]:
+        hit = re.search(pattern, text)
+        if hit:
+            value = hit.group(1)
+            return len(re.findall(r"\d+", value)) if value.startswith("[") else int(value) or None
+    return None
+
+
+def _rows_of_hidden(case: dict, model) -> int | None:
+    """Embedding rows a PEFT count of trainable parameters stands for: prompt tuning trains [tokens, hidden] and
+    trainable tokens a [tokens, hidden] delta (adapters.toml's sources), so the count is rows x hidden exactly."""
+    count = str(case.get("trainable_params") or "").replace(",", "").strip()
+    if not count.isdigit() or int(count) % model.hidden_size:
+        return None
+    return int(count) // model.hidden_size or None
+
+
+# PEFT modules_to_save a case names (in its method, "lora+emb", or its notes): the embedding and the output head as
+# memfit's --modules-to-save names them; "emb" alone is both embedding matrices (input and output)
+SAVED_MODULES = ((r"embed_tokens|\bwte\b|input embedding", "embed_tokens"),
+                 (r"lm_head|output head|\bhead\b", "lm_head"))
+
+
+def _modules_to_save(text: str) -> tuple[str, ...] | None:
+    listed = re.search(r"modules_to_save\s*[=:]?\s*(\[[^\]]*\]|[a-z_, ]+)", text)
+    extra = re.search(r"\+\s*([a-z_ ,/&+]+)", text.split(" notes ")[0])  # the method's "+ ..." ("lora+emb")
+    said = listed.group(1) if listed else extra.group(1) if extra else None
+    if said is None:
+        return None
+    names = tuple(name for pattern, name in SAVED_MODULES if re.search(pattern, said))
+    return names or (("embed_tokens", "lm_head") if "emb" in said else None)
+
+
+def _adapter_knobs(case: dict, tuning: str, tuning_text: str, model) -> dict:
+    """What a case states of its adapters beyond the method: rank, virtual / trainable tokens, modules_to_save."""
+    text = f"{tuning_text} notes {case.get('notes') or ''} {case.get('source_detail') or ''}".lower()
+    out = {}
+    ranked = tuning in ("lora", "qlora") or (tuning in adapter_methods() and not method_info(tuning).get("rankless"))
+    if ranked and case.get("lora_rank") is None:
+        out["lora_rank"] = _stated(text, "lora_rank")
+    if wraps(tuning) == "virtual_tokens":
+        out["virtual_tokens"] = _stated(text, "virtual_tokens") or (
+            _rows_of_hidden(case, model) if tuning == "prompt" else None)
+    if tuning == "trainable_tokens":
+        out["trainable_tokens"] = _stated(text, "trainable_tokens") or _rows_of_hidden(case, model)
+    elif tuning in ("lora", "qlora") and "trainable_token_indices" in text:
+        out["trainable_tokens"] = _stated(text, "trainable_tokens")
+    if tuning in ("lora", "qlora") or wraps(tuning) == "linear":
+        out["modules_to_save"] = _modules_to_save(text)
+    if tuning == "freeze":
+        out["freeze_trainable_layers"] = _stated(text, "freeze_trainable_layers")
+    return out
+
+
+def _quant_knobs(case: dict, tuning: str, tuning_text: str) -> tuple[str, dict]:
+    """The tuning once the base's quantization is read (LoRA over a quantized base is QLoRA) and its knobs."""
+    bits, double = _quant(case, tuning_text)
+    if bits is None:
+        return tuning, {}
+    if tuning == "lora":
+        tuning = "qlora"
+    if tuning != "qlora":
+        raise Skip(f"--tuning {tuning} over a {bits}-bit base is not modeled: memfit quantizes the base only under "
+                   "LoRA (--tuning qlora; knobs.toml quant_bits acts only there)")
+    return tuning, {"quant_bits": bits, "double_quant": double}
+
+
 def scenario_for(case: dict):
     if case.get("compile"):
         raise Skip("torch.compile fuses ops and changes what is saved for backward; not modeled")
@@ -314,36 +549,32 @@ def scenario_for(case: dict):
     if model.encoder_decoder:
         raise Skip("encoder-decoder (T5) activations are not modeled")
     method, tuning_text = _method(case.get("method") or "")
-    tuning = _tuning(tuning_text)
+    tuning, quant = _quant_knobs(case, _tuning(tuning_text, case.get("profile")), tuning_text)
     nodes = 2 if "2 nodes" in (case.get("gpu_type") or "") else 1
     gpus = (case.get("num_gpus") or 1) // nodes
     hardware = Hardware(gpu=_gpu(case), gpus_per_node=gpus, nodes=nodes)
     optimizer, in_bwd = _optimizer(case)
     knobs = {
-        "tuning": tuning, "precision": _precision(case, tuning), "optimizer": optimizer,
+        "tuning": tuning, "precision": _precision(case, tuning, bool(quant)), "optimizer": optimizer,
         "micro_batch": case.get("micro_batch_size") or 1, "seq_len": _seq(case),
         "grad_accum": case.get("grad_accum") or 1, "lora_rank": case.get("lora_rank"),
         "lora_targets": _lora_targets(case),
-        "checkpointing": {True: "full", False: "off"}.get(case.get("gradient_checkpointing")),
+        "checkpointing": _checkpointing(case),
         "attention": _attention(case),
         "padding": "packed" if re.search(r"\bpacked", case.get("seq_len_kind") or "") else None,
         "loss": _loss(case, model),
         "optimizer_in_backward": in_bwd or None,
         "method": None if method == "sft" else method,
-        **_engine(case),
+        **_engine(case), **quant, **_adapter_knobs(case, tuning, tuning_text, model),
     }
     precision_text = (case.get("precision") or "").lower()
     if "no autocast" in precision_text or "mixed_precision 'no'" in precision_text:
         knobs["autocast"] = False
     elif "autocast" in precision_text:
         knobs["autocast"] = True
-    if case["id"].startswith("fms-") and "bnb" in (case.get("quantization") or ""):
-        # fms-acceleration's benchmark environment for refs/a100_80gb.csv (scripts/benchmarks/refs/
-        # requirements.txt at that commit): bitsandbytes 0.43.1, whose MatMul4Bit kept its input on ctx
-        knobs["bnb_saves_input"] = True
     if "framework_config=accelerated-peft" in (case.get("source_detail") or ""):
         knobs["kbit_upcast"] = False  # the fms plugin prepares the quantized model itself, without PEFT's upcast
-    if "dora" in (case.get("method") or "").lower():
+    if re.search(r"\bq?dora\b", _words(case.get("method"))):
         knobs["dora"] = True
     if case["id"].startswith("fms-"):
         knobs["seq_len"] = _fms_seq(knobs["seq_len"], model)

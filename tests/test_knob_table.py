@@ -16,7 +16,7 @@ COMMAND_OPTIONS = {"--json", "--help", "-h", "--steps", "--timeline", "--compare
                    "--allow", "--top", "--no-code-edits", "--no-resume", "--out", "--in-place", "--model",
                    "--max-seq", "--max-batch", "--html", "--save", "--follow", "--capacity", "--until-steps", "--interval",
                    "--lengths", "--seed", "--epochs", "--group-by-length", "--drop-last", "--sampler", "--estimate-from",
-                   "--port", "--host"}
+                   "--port", "--host", "--tokens", "--price-per-gpu-hour"}
 
 
 def _subparsers():
@@ -26,7 +26,7 @@ def _subparsers():
 
 def test_scenario_fields_are_the_knobs():
     fields = [f.name for f in dataclasses.fields(Scenario)]
-    assert fields == ["model", "hardware", *knobs(), "profile", "releases", "assumed"]
+    assert fields == ["model", "hardware", *knobs(), "profile", "releases", "assumed", "unread"]
 
 
 def test_every_flag_is_a_knob_or_a_command_option():

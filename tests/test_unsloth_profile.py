@@ -71,3 +71,12 @@ def test_the_cli_says_the_loss_it_assumed():
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "loss=unsloth_ce (unsloth default)" in out.stdout
+
+
+def test_on_a_card_without_flash_attention_or_bf16_unsloth_falls_back_as_its_code_does(scenario):
+    # unsloth/models/_utils.py: flash-attn and bf16 need compute capability >= 8; below, xformers / SDPA and float16
+    t4 = scenario(model="llama-3.1-8b", gpu="t4", profile="unsloth", tuning="qlora", seq_len=2048, micro_batch=1)
+    assert (t4.attention, t4.precision) == ("sdpa", "fp16-pure")
+    assert any("below compute capability 8" in a for a in t4.assumed)
+    a100 = scenario(model="llama-3.1-8b", gpu="a100-80gb", profile="unsloth", tuning="qlora", seq_len=2048)
+    assert (a100.attention, a100.precision) == ("flash", "bf16-pure")

@@ -3,8 +3,10 @@ table bench/error_bands.py writes from the benches), the verdict rule at the ban
 the planner judging with the same rule."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
+import math
 import tomllib
 from pathlib import Path
 
@@ -70,12 +72,14 @@ def test_an_unmeasured_kind_falls_back_to_the_widest_band_and_says_so(kind):
     band = band_for(kind)
     assert band.fraction == max(row["band"] for row in _table()["band"].values()) == widest().fraction
     assert band.stands_in_for == widest().kind and band.kind == kind
-    assert f"{kind} is not measured" in band.describe()
+    assert f"{kind} is not measured" in band.describe(20 * GiB)
 
 
 def test_the_estimate_lists_its_band_under_assumed(scenario):
     e = estimate(scenario(model="llama-3.1-8b", gpu="a100-80gb", tuning="freeze", micro_batch=1))
-    assert e.band_kind == "single/freeze" and e.band_fraction == widest().fraction
+    peak = e.device_total.peak.total
+    assert e.band_kind == "single/freeze" and e.band_fraction == band_for("single/freeze").fraction_at(peak)
+    assert band_for("single/freeze").fraction == widest().fraction
     listed = [a for a in e.assumptions if a.startswith("error band")]
     assert len(listed) == 1 and "not measured" in listed[0] and f"{e.band_fraction:.1%}" in listed[0]
 
@@ -112,22 +116,74 @@ def test_the_card_floor_holds_under_a_narrow_band():
 @pytest.mark.parametrize("kind", ["single/full", "zero3/full", "ddp/adapters"])
 def test_oom_chance_falls_as_the_margin_grows(kind):
     band, peak = band_for(kind), 20 * GiB
-    margins = [int(peak * f / 1000) for f in range(-150, 400, 5)]
+    margins = [int(peak * f / 1000) for f in range(-1500, 2000, 5)]
     chances = [band.oom_chance(m, peak) for m in margins]
     assert all(a >= b for a, b in zip(chances, chances[1:]))
     assert chances[-1] == 0.0
-    # a margin below every row's error is eaten by every row
+    # the chance is drawn from real GPU runs: a margin below every real run's excess is eaten by every one
+    assert band.real and band.oom_chance(int(min(band.real) * peak) - 1, peak) == 1.0
+    # ... and past the largest, by none
+    assert band.oom_chance(int(max(band.real) * peak) + 1, peak) == 0.0
+
+
+def test_without_real_runs_the_chance_comes_from_the_cpu_benches():
+    band = dataclasses.replace(band_for("single/full"), real=())
+    peak = 20 * GiB
     assert band.oom_chance(int(min(band.under) * peak) - 1, peak) == 1.0
     assert 0.0 < band.oom_chance(int(0.5 * band.fraction * peak), peak) < 1.0
     # at the band's edge only the rows beyond the measured quantile (5%) can still eat the margin
     assert band.oom_chance(int(band.fraction * peak) + 1, peak) <= 0.05
 
 
+# --- bands from real GPU runs
+
+
+def test_a_verdict_needs_the_larger_of_the_cpu_band_and_the_real_runs_band():
+    band = band_for("fsdp/qlora")
+    real = _table()["real"]["fsdp/qlora"]
+    assert not real["stands_in"] and real["rows"] >= 10
+    for peak in (2 * GiB, 20 * GiB, 200 * GiB):
+        cpu = math.ceil(band.fraction * peak)
+        measured = int(real["floor_gib"] * GiB) + math.ceil(real["fraction"] * peak)
+        assert band.required(peak) == max(cpu, measured)
+
+
+def test_a_kind_with_few_real_runs_takes_the_widest_real_band_and_says_so():
+    rows = _table()["real"]
+    few = next(k for k, r in rows.items() if r["stands_in"])
+    wide = _table()["real_widest"]
+    assert rows[few]["rows"] < 10 and not rows[wide["kind"]]["stands_in"]
+    band = band_for(few)
+    assert band.real_stands_in == wide["kind"] and band.real_fraction == wide["fraction"]
+    assert "too few" in band.describe(20 * GiB)
+    # a kind no real run has measured at all takes it too
+    assert band_for("zero0-2/freeze").real_stands_in == wide["kind"]
+
+
+def test_the_real_band_is_set_on_one_part_and_its_coverage_reported_on_the_other():
+    bench = _bench_module()
+    kinds = bench.real_kinds({})
+    kinds.pop("widest")
+    measured = {k: e for k, e in kinds.items() if not e.get("stands_in")}
+    assert measured
+    for kind, e in measured.items():
+        fit, held = e["fit"], e["held"]
+        assert fit and held and {r.group for r in fit}.isdisjoint({r.group for r in held})
+        # the band covers 95% of the part it was set on (nearest rank) ...
+        inside = sum(bench.covered(r, e["floor"], e["fraction"], 0.0) for r in fit)
+        assert inside >= math.ceil(0.95 * len(fit))
+        # ... and the table says how many of the other part fall outside
+        assert _table()["real"][kind]["held_out_outside"] == sum(
+            not bench.covered(r, e["floor"], e["fraction"], band_for(kind).fraction) for r in held)
+
+
 def test_the_estimate_carries_band_and_chance_in_json(scenario):
     e = estimate(scenario(model="llama-3.1-8b", gpu="rtx4090", tuning="lora", micro_batch=1, seq_len=2048,
                           checkpointing="full", attention="flash"))
     doc = e.to_json()
-    assert doc["band_kind"] == "single/adapters" and doc["band_fraction"] == round(band_of(e.scenario).fraction, 4)
+    peak = e.device_total.peak.total
+    assert doc["band_kind"] == "single/adapters" and doc["band_fraction"] == round(
+        band_of(e.scenario).fraction_at(peak), 4)
     assert doc["oom_chance"] == round(band_of(e.scenario).oom_chance(e.margin_bytes, e.device_total.peak.total), 4)
     assert doc["gpu_groups"][0]["verdict"] == doc["verdict"]
 
@@ -181,7 +237,7 @@ def test_the_planner_offers_only_runs_that_clear_their_band(scenario):
     rows = plan(base, set(), None, top_k=3)
     assert rows and all(r.verdict == "fits" for r in rows)
     for r in rows:
-        assert r.headroom_bytes >= band_of(r.scenario).fraction * r.device_peak_bytes
+        assert r.headroom_bytes >= band_of(r.scenario).required(r.device_peak_bytes)
 
 
 def test_bands_are_read_once(monkeypatch):

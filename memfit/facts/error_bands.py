@@ -3,13 +3,17 @@ out of memory at a given margin (data/error_bands.toml, written by bench/error_b
 
 A kind is FAMILY/TUNING, judged on the device total: the engine family (single, ddp, zero0-2, zero3, fsdp) and
 what trains (full; adapters: LoRA and the other PEFT methods on an unquantized base; qlora: adapters on a
-quantized base; freeze). A kind the benches have not measured (and any run with a vLLM generator) gets the
-widest band of the table and says so: a guess errs toward more memory.
+quantized base; freeze). Each kind has two bands and a verdict needs the larger: the CPU benches' (a share of the
+estimate: what the trace and engine rows measured plus an allowance for what they cannot see) and the real GPU
+runs' (a floor plus a share, set on half the real runs and checked on the other half). A kind the benches have
+not measured (and any run with a vLLM generator) gets the widest band of each and says so: a guess errs toward
+more memory.
 """
 from __future__ import annotations
 
+import math
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 from memfit.facts.catalog import HERE
@@ -46,6 +50,19 @@ class Band:
     allowance: float  # what no CPU bench can see, assumed (data/error_allowances.toml)
     under: tuple[float, ...]  # each bench row's under-prediction (real / estimate - 1), the engine part added
     stands_in_for: str = ""  # the measured kind whose band an unmeasured kind borrows ("" when measured)
+    floor: int = 0  # the real runs' band: floor bytes + real_fraction x the estimate
+    real_fraction: float = 0.0
+    real_rows: int = 0  # real runs of this kind (0: none)
+    real: tuple[float, ...] = ()  # their excess over the estimate, as shares of it (the widest kind's if too few)
+    real_stands_in: str = ""  # the real kind whose band this one takes ("" when its own runs set it)
+
+    def required(self, peak: int) -> int:
+        """The margin a run with this estimated device total needs for "fits": the larger band."""
+        return max(math.ceil(self.fraction * peak), self.floor + math.ceil(self.real_fraction * peak))
+
+    def fraction_at(self, peak: int) -> float:
+        """The band as a share of this estimate (what a verdict on it needs, over the estimate)."""
+        return self.required(peak) / peak if peak > 0 else self.fraction
 
     def oom_chance(self, margin: int, peak: int) -> float:
         """The share of the kind's bench rows whose error would eat the margin, the unmeasured part taken as
@@ -56,20 +73,26 @@ class Band:
         chance is the mean over the rows: it falls as the margin grows, is 1 once the margin is below every
         row's error, and is at most the share of rows above the measured quantile when the margin clears the band.
         """
+        m = margin / peak if peak > 0 else float("inf")
+        if self.real:  # real runs see everything a GPU holds: their share beyond the margin
+            return sum(r > m for r in self.real) / len(self.real)
         if not self.under:
             return 1.0
-        m = margin / peak if peak > 0 else float("inf")
         if self.allowance <= 0:
             return sum(u > m for u in self.under) / len(self.under)
         return sum(min(1.0, max(0.0, (u + self.allowance - m) / self.allowance)) for u in self.under) / len(self.under)
 
-    def describe(self) -> str:
+    def describe(self, peak: int) -> str:
         """The band as the estimate lists it under "assumed"."""
-        text = (f"error band {self.fraction:.1%} of the device total for {self.kind} runs: {self.measured:.1%} "
-                f"measured by the benches + {self.allowance:.1%} allowed for what they cannot see (fragmentation, "
-                f"NCCL, library workspaces; data/error_allowances.toml)")
+        text = (f"error band {self.fraction_at(peak):.1%} of the device total for {self.kind} runs, the larger of: "
+                f"real GPU runs {self.floor / 2**30:.2f} GiB + {self.real_fraction:.1%} ("
+                + (f"{self.real_rows} real runs of this kind" if not self.real_stands_in else
+                   f"{self.real_rows} real runs of this kind, too few: the widest measured, {self.real_stands_in}'s")
+                + f"; data/error_bands.toml), and the CPU benches {self.fraction:.1%} ({self.measured:.1%} measured + "
+                  f"{self.allowance:.1%} allowed for what they cannot see: fragmentation, NCCL, library workspaces; "
+                  f"data/error_allowances.toml)")
         if self.stands_in_for:
-            text += (f"; {self.kind} is not measured by the benches, so the widest band ({self.stands_in_for}) "
+            text += (f"; {self.kind} is not measured by the CPU benches, so their widest band ({self.stands_in_for}) "
                      f"stands in for it")
         return text
 
@@ -98,10 +121,27 @@ def widest() -> Band:
 @cache
 def band_for(kind: str) -> Band:
     found = measured_band(kind)
-    if found is not None:
-        return found
-    wide = widest()
-    return Band(kind, wide.fraction, wide.measured, wide.allowance, wide.under, stands_in_for=wide.kind)
+    if found is None:
+        wide = widest()
+        found = Band(kind, wide.fraction, wide.measured, wide.allowance, wide.under, stands_in_for=wide.kind)
+    return replace(found, **real_band(kind))
+
+
+def real_band(kind: str) -> dict:
+    """The real runs' band of a kind: its own when it has enough real runs, else the widest measured (with its
+    runs' shares for the chance of OOM)."""
+    real = table().get("real", {})
+    row = real.get(kind)
+    wide = table().get("real_widest")
+    if wide is None:
+        return {}
+    if row is None or row["stands_in"]:
+        source = real.get(wide["kind"], {})
+        return {"floor": int(wide["floor_gib"] * 2**30), "real_fraction": wide["fraction"],
+                "real_rows": row["rows"] if row else 0, "real": tuple(source.get("relative", ())),
+                "real_stands_in": wide["kind"]}
+    return {"floor": int(row["floor_gib"] * 2**30), "real_fraction": row["fraction"], "real_rows": row["rows"],
+            "real": tuple(row["relative"])}
 
 
 def band_of(s) -> Band:

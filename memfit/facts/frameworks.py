@@ -23,6 +23,15 @@ class Framework:
     methods: dict  # how it runs preference / RL methods
     model_code: dict = field(default_factory=dict)  # the framework's own model code as memory sees it (torchtune)
     fsdp: dict = field(default_factory=dict)  # whose FSDP wrapping it runs (accelerate's: HF Trainer)
+    # defaults the framework itself replaces on a card below a compute capability ({capability, read, knob: value})
+    below_capability: dict = field(default_factory=dict)
+
+    def defaults_for(self, capability: float) -> dict:
+        """Its defaults on a card of this compute capability: what it falls back to below `below_capability`."""
+        rule = self.below_capability
+        if not rule or capability >= rule["capability"]:
+            return self.defaults
+        return self.defaults | {k: v for k, v in rule.items() if k not in ("capability", "read")}
 
 
 @cache
@@ -32,7 +41,8 @@ def frameworks() -> dict[str, Framework]:
         with open(path, "rb") as f:
             doc = tomllib.load(f)
         out[path.stem] = Framework(path.stem, doc["description"], doc["defaults"], doc["deepspeed"]["auto"],
-                                   doc["plan"], doc["methods"], doc.get("model_code", {}), doc.get("fsdp", {}))
+                                   doc["plan"], doc["methods"], doc.get("model_code", {}), doc.get("fsdp", {}),
+                                   doc.get("defaults_below_capability", {}))
     return out
 
 

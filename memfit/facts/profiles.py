@@ -110,7 +110,11 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
     fw = framework(profile_name)
     tuning = given.get("tuning", knobs()["tuning"].default)
     releases, by_release, assumed = _releases(profile_name, versions or {}, tuning)
-    defaults = {name: (value, profile_name) for name, value in fw.defaults.items()} | by_release
+    below = fw.below_capability.get("capability", 0)
+    origin = (f"{profile_name} below compute capability {below:g}"
+              if hardware.gpu.compute_capability < below else profile_name)
+    defaults = {name: (value, origin if fw.defaults.get(name) != value else profile_name)
+                for name, value in fw.defaults_for(hardware.gpu.compute_capability).items()} | by_release
     values: dict = {}
     for name, k in knobs().items():
         if k.when in ("deepspeed", "fsdp") or name == "engine":

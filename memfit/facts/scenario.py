@@ -208,9 +208,12 @@ Scenario = make_dataclass(
     "Scenario",
     [("model", ModelSpec), ("hardware", Hardware), *(_field(k) for k in knobs().values()),
      ("profile", str, field(default="hf-trainer")), ("releases", tuple, field(default=())),
-     ("assumed", tuple, field(default=(), compare=False))],
+     ("assumed", tuple, field(default=(), compare=False)),
+     ("unread", tuple, field(default=(), compare=False))],
     bases=(_Rules,), frozen=True)
 Scenario.__module__ = __name__
 Scenario.__doc__ = ("A run: `model`, `hardware`, every knob of data/knobs.toml as a field of the same name, the "
                     "framework `profile` whose defaults filled the unset knobs, the framework `releases` given "
-                    "((package, version) pairs; empty = the pinned ones, data/releases.toml), and what was `assumed`.")
+                    "((package, version) pairs; empty = the pinned ones, data/releases.toml), what was `assumed`, and the "
+                    "memory-relevant settings of the user's files that no reader could read (`unread`: each one line "
+                    "naming the setting; the verdict is then at most 'tight').")

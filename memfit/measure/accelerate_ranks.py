@@ -14,10 +14,20 @@ from a config:
   - FSDP1: `accelerator.prepare(model)`, then the optimizer over the wrapped model's parameters and its prepare;
     FSDP2: `accelerator.prepare(model, optimizer)` together (accelerate refuses FSDP2 otherwise);
   - steps of forward with labels (the model's own loss), `accelerator.backward`, `optimizer.step()`, `zero_grad`.
+Run by a transformers 4.x (tests/trace/setup_fms_venv.sh: fms-acceleration's benchmark releases, transformers 4.48.1,
+accelerate 1.0.1, peft 0.13.2), each rank does what that Trainer does instead (`_inner_training_loop`, 4.48.1), as
+`accelerate launch --config_file` starts it with fms-acceleration's scripts/benchmarks/accelerate.yaml:
+  - the plugin from the environment that launch writes from that file (FSDP_* below; use_orig_params is launch's
+    default, true), and the Trainer's `_fsdp_qlora_plugin_updates` (PEFT's fsdp_auto_wrap_policy for LoRA);
+  - `gradient_checkpointing_enable()` with no kwargs (4.x: use_reentrant=True; a run's "reentrant" passes
+    gradient_checkpointing_kwargs) and, for LoRA, the `enable_input_require_grads()` TRL 0.13's SFTTrainer adds
+    for reentrant checkpointing (sft_trainer.py);
+  - `accelerator.prepare(model)`, the optimizer over the wrapped model's parameters, `accelerator.prepare(model,
+    optimizer)`; then the same steps.
 On a CPU accelerate picks MULTI_CPU (DDP) before it looks at FSDP, so the state is set to FSDP by hand, FSDP1 gets
-the CPU as its device (it refuses device_id=None without an accelerator) and no sync_module_states (it needs one);
-nothing else changes. Every storage is
-counted by memfit.measure.tracker; on a CPU every tensor is "device".
+the CPU as its device (it refuses device_id=None without an accelerator) and no sync_module_states nor
+cpu_ram_efficient_loading (they need one; they only decide how rank 0's weights reach the others at wrap time);
+nothing else changes. Every storage is counted by memfit.measure.tracker; on a CPU every tensor is "device".
 """
 from __future__ import annotations
 
@@ -44,16 +54,78 @@ def _model(run: dict):
 
         model = get_peft_model(model, LoraConfig(r=8, target_modules="all-linear", lora_dropout=0.0))
     if run["checkpointing"]:
-        model.gradient_checkpointing_enable()  # the Trainer's call, with transformers' own default kwargs
+        # the Trainer's call: transformers' own default kwargs, or TrainingArguments' gradient_checkpointing_kwargs
+        said = {"use_reentrant": run["reentrant"]} if "reentrant" in run else None
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=said)
+        if run["tuning"] == "lora" and _trainer_4() and run.get("reentrant", True):
+            model.enable_input_require_grads()  # reentrant: the frozen embedding's output must require grad
     return model
+
+
+def _trainer_4() -> bool:
+    """Run by a transformers 4.x: its Trainer's FSDP path (the module docstring), not 5.x's."""
+    import transformers
+
+    return int(transformers.__version__.split(".")[0]) < 5
+
+
+# What `accelerate launch --config_file` writes for fms-acceleration's scripts/benchmarks/accelerate.yaml (24bdadb:
+# FULL_SHARD, TRANSFORMER_BASED_WRAP, BACKWARD_PRE, no forward prefetch, no offload, SHARDED_STATE_DICT), with
+# launch's default use_orig_params (accelerate 1.0.1 commands/launch.py `--fsdp_use_orig_params` default "true")
+FMS_LAUNCH_ENV = {"FSDP_SHARDING_STRATEGY": "1", "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP",
+                  "FSDP_BACKWARD_PREFETCH": "BACKWARD_PRE", "FSDP_FORWARD_PREFETCH": "false",
+                  "FSDP_OFFLOAD_PARAMS": "false", "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT",
+                  "FSDP_USE_ORIG_PARAMS": "true", "FSDP_SYNC_MODULE_STATES": "false",
+                  "FSDP_CPU_RAM_EFFICIENT_LOADING": "false"}
+
+
+def _on_cpu(prepare):
+    """FSDP1 wrapping on the CPU (it refuses device_id=None without an accelerator), only while `prepare` runs."""
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    original = FullyShardedDataParallel.__init__
+
+    def on_cpu(fsdp, *a, device_id=None, **k):
+        original(fsdp, *a, device_id=torch.device("cpu"), **k)
+
+    FullyShardedDataParallel.__init__ = on_cpu
+    try:
+        return prepare()
+    finally:
+        FullyShardedDataParallel.__init__ = original
+
+
+def _prepared_trainer_4(run: dict, model):
+    """The model and optimizer as transformers 4.48.1's Trainer leaves them under fms-acceleration's launch."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    os.environ.update(FMS_LAUNCH_ENV)
+    accelerator = Accelerator(cpu=True)
+    accelerator.state.distributed_type = DistributedType.FSDP
+    plugin = FullyShardedDataParallelPlugin()
+    accelerator.state.fsdp_plugin = plugin
+    if run["tuning"] == "lora":  # Trainer._fsdp_qlora_plugin_updates
+        from peft.utils.other import fsdp_auto_wrap_policy
+
+        plugin.auto_wrap_policy = fsdp_auto_wrap_policy(model)
+
+    def prepare():
+        wrapped = accelerator.prepare(model)
+        optimizer = torch.optim.AdamW([p for p in wrapped.parameters() if p.requires_grad], fused=True)
+        return (*accelerator.prepare(wrapped, optimizer), accelerator)
+    return _on_cpu(prepare)
 
 
 def _prepared(run: dict, model):
     """The model and optimizer as the Trainer's accelerator leaves them."""
+    if _trainer_4():
+        return _prepared_trainer_4(run, model)
     import torch
     from accelerate import Accelerator
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
-    from torch.distributed.fsdp import FullyShardedDataParallel
     from transformers import TrainingArguments
     from transformers.distributed.fsdp import update_fsdp_plugin_peft
 
@@ -67,23 +139,17 @@ def _prepared(run: dict, model):
     # rank builds the same seeded model here)
     plugin_args = {**args.fsdp_plugin_args, **({"sync_module_states": False} if version == 1 else {})}
     accelerator.state.fsdp_plugin = FullyShardedDataParallelPlugin(**plugin_args)
-    original = FullyShardedDataParallel.__init__
 
-    def on_cpu(fsdp, *a, device_id=None, **k):
-        original(fsdp, *a, device_id=torch.device("cpu"), **k)
-
-    FullyShardedDataParallel.__init__ = on_cpu
-    try:
+    def prepare():
         if version == 2:
             optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], fused=True)
             return (*accelerator.prepare(model, optimizer), accelerator)
         if run["tuning"] == "lora":
             update_fsdp_plugin_peft(model, accelerator)
-        model = accelerator.prepare(model)
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], fused=True)
-        return model, accelerator.prepare(optimizer), accelerator
-    finally:
-        FullyShardedDataParallel.__init__ = original
+        wrapped = accelerator.prepare(model)
+        optimizer = torch.optim.AdamW([p for p in wrapped.parameters() if p.requires_grad], fused=True)
+        return wrapped, accelerator.prepare(optimizer), accelerator
+    return _on_cpu(prepare)
 
 
 def run_rank(run: dict) -> dict:

@@ -34,10 +34,17 @@ class DeepSpeedRunner(Runner):
             ("stage3.py:initialize_optimizer_states", "gradients", offload),
             ("stage_1_and_2.py:initialize_optimizer_states", "gradients", offload),
         ]
+        if s.zero_stage == 3 and s.offload_optimizer != "none" and s.ratio == 1.0:
+            # the fp32 master of each sub-group is converted on its own device and cloned (_create_fp32_partitions):
+            # with every sub-group offloaded, that transient is a host copy (under ratio some stay on the GPU)
+            self.tk.rules.insert(0, ("stage3.py:_create_fp32_partitions", "optimizer_states", "host"))
         init_context = None
         if s.zero_stage == 3 and s.zero3_init:
             init_context = deepspeed.zero.Init(config_dict_or_path=self.config, dtype=compute_dtype(s))
-        self.model = self._build(init_context, side="device" if init_context else "host")
+        # zero.Init takes offload_param's device as its remote_device: each partition is made there, pinned
+        # (partition_parameters.py _partition_param), and only the module being built is ever whole on the device
+        on_device = init_context is not None and s.offload_param == "none"
+        self.model = self._build(init_context, side="device" if on_device else "host")
         if s.zero_stage == 3:
             self.notes += set_moe_leaf_modules(self.model)
         params = [p for p in self.model.parameters() if p.requires_grad]

@@ -1,8 +1,9 @@
 """Memory outside the model's tensors: cuBLAS workspace, allocator cache, CUDA context, NCCL, process RSS.
 
-Sources: docs/knobs.md H.1-H.3 (CublasHandlePool.cpp, CUDACachingAllocator.cpp, NCCL issues). The constants
-a GPU run calibrates are the machine's Runtime (memfit/facts/runtime.py: defaults, or a `memfit calibrate`
-profile); each is used in one place here.
+Sources: docs/knobs.md H.1-H.3 (CublasHandlePool.cpp, CUDACachingAllocator.cpp, NCCL issues); the allocator's
+cache from replaying traced runs through c10's rules (memfit/trace/allocator_reserve.py). The constants a GPU run
+calibrates are the machine's Runtime (memfit/facts/runtime.py: defaults, or a `memfit calibrate` profile); each is
+used in one place here.
 """
 from __future__ import annotations
 
@@ -23,8 +24,11 @@ def cublas_workspace(gpu: GpuSpec) -> int:
     return big + CUBLASLT_WORKSPACE
 
 
-def allocator_cache(churn_bytes: int, rt: Runtime) -> int:
-    return int(rt.fragmentation_of_churn * churn_bytes)
+def allocator_cache(churn_bytes: int, rt: Runtime, tuning: str | None = None) -> int:
+    """What the caching allocator holds beyond allocated, and cannot give back, at a moment that churns
+    `churn_bytes` (activations, logits, temporaries): the share the replay derived for runs of `tuning`
+    (data/allocator_reserve.toml fit_share), or a machine profile's measured one."""
+    return int(rt.slack_share(tuning) * churn_bytes)
 
 
 def non_torch_device_bytes(world_size: int, nodes: int, rt: Runtime) -> tuple[int, int]:

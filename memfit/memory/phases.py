@@ -96,7 +96,7 @@ def _backward(ms: ModelStates, act: Activations, runtime: int, head_grads: int, 
     # a recomputed layer's activations include its own weight casts (autocast over fp32 params, recompute_casts)
     end = dict(base, gradients=max(reduced, ms.grads_between_steps) + ms.grads_unreduced,
                activations=max(last_layer_alive + act.recompute + ms.recompute_casts + act.layer_backward_transient
-                               + act.shared_masks,
+                               + act.shared_masks + ms.layer_inputs_held,
                                act.embedding_transient))  # PEFT trainable tokens: the embedding's V x H gradient
     first_layer = dict(base, weights=base["weights"] + saved_casts - ms.autocast_cache_head,
                        gradients=max(ms.grads_between_steps, head_grads) + ms.top_layer_grads,
@@ -122,7 +122,8 @@ def _backward(ms: ModelStates, act: Activations, runtime: int, head_grads: int, 
                             gradients=ms.grads_between_steps + ms.head_reduce))
     if ms.last_reduce or ms.gathered_end:  # gathered params are released and every layer's activations freed by then
         moments.append(dict(base, weights=base["weights"] - ms.gathered_backward + ms.gathered_end,
-                            gradients=max(ms.grads_after_backward, ms.grads_between_steps) + ms.last_reduce))
+                            gradients=max(ms.grads_after_backward, ms.grads_between_steps) + ms.last_reduce,
+                            activations=ms.layer_inputs_held))  # but those FSDP1's hooks hold to backward's end
     for moment in moments[1:] if act.logits_kept else ():  # a loop that keeps its logits through backward (LitGPT)
         moment["logits_loss"] = moment.get("logits_loss", 0) + act.logits_kept
     return max((Breakdown(p) for p in moments), key=lambda b: b.total)
@@ -160,7 +161,7 @@ def allocated_profile(s: Scenario, tensors: list[ParamTensor], ms: ModelStates, 
     runtime = overheads.cublas_workspace(s.hardware.gpu)
     # the fp32 master (one of the optimizer's three fp32 copies) exists once the engine starts
     load = Breakdown(_static(ms, runtime, optimizer=ms.optimizer // 3 if engine_of(s).master_at_load(s) else 0))
-    load = load.plus("engine_buffers", ms.load_transient)
+    load = max([load] + [Breakdown(m | {"runtime_overhead": runtime}) for m in ms.load_moments], key=lambda b: b.total)
     steady = Breakdown(_static(ms, runtime))
     return PhaseProfile({
         "load": load,
@@ -179,9 +180,12 @@ def _churn(b: Breakdown, ms: ModelStates) -> int:
             + ms.gathered_forward + max(ms.grads_unreduced, ms.head_reduce, ms.last_reduce))
 
 
-def reserved_profile(alloc: PhaseProfile, ms: ModelStates, rt: Runtime) -> PhaseProfile:
+def reserved_profile(alloc: PhaseProfile, ms: ModelStates, rt: Runtime, tuning: str | None = None) -> PhaseProfile:
+    """Each phase's allocated plus the cache the allocator cannot give back beside it: a share of the phase's churn,
+    the one a replay of traced runs of that `tuning` derived (memfit/trace/allocator_reserve.py), the least reserve
+    the run fits in. A card with room to spare shows more reserved: cache the allocator frees before it fails."""
     return PhaseProfile({
-        phase: b.plus("runtime_overhead", overheads.allocator_cache(_churn(b, ms), rt))
+        phase: b.plus("runtime_overhead", overheads.allocator_cache(_churn(b, ms), rt, tuning))
         for phase, b in alloc.phases.items()
     })
 

@@ -12,15 +12,16 @@ This module never prints; memfit/interfaces/cli/plan.py presents the rows.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from memfit.errors import MemfitError
 from memfit.facts.scenario import Scenario
 from memfit.planner.changes import Change, measure
 from memfit.planner.data import Batch
 from memfit.planner.knobs import StateKnobs, config_of
-from memfit.planner.search import Candidate, Keep, Search, check_allow, run_search
+from memfit.planner.search import Candidate, Keep, Search, check_allow, run_search, tie_groups
 from memfit.planner.space import Options, least_memory
+from memfit.planner.throughput import band, tie_band
 
 
 @dataclass(frozen=True)
@@ -35,14 +36,19 @@ class PlanRow:
     step_seconds: float
     changes: tuple[Change, ...]
     decided_by: Batch | None = None  # --lengths: the data's micro-batch that decides the verdict
+    ties_with: tuple[int, ...] = ()  # numbers (1-based) of the other rows whose speed this one ties with
 
     def to_json(self) -> dict:
         data = {"decided_by": self.decided_by.to_json()} if self.decided_by else {}
+        b = band()
         return {
             "verdict": self.verdict, "device_peak_bytes": self.device_peak_bytes,
             "headroom_bytes": self.headroom_bytes, "host_peak_bytes": self.host_peak_bytes,
             "host_headroom_bytes": self.host_headroom_bytes,
             "tokens_per_second": round(self.tokens_per_second, 1), "step_seconds": round(self.step_seconds, 4),
+            "speed": {"tokens_per_s": round(self.tokens_per_second, 1), "step_s": round(self.step_seconds, 4),
+                      "band": b.to_json()},
+            "ties_with": list(self.ties_with),
             "config": config_of(self.scenario),
             "changes": [c.to_json() for c in self.changes],
         } | data
@@ -67,7 +73,15 @@ def plan(base: Scenario, allow: set[str] | None = None, global_batch: int | None
     """
     search, rows = run_search(base, check_allow(allow), global_batch, top_k, options, keep)
     cache: dict = {}
-    return [row(c, measure(search, c, cache)) for c in rows]
+    ties = _ties(rows)
+    return [replace(row(c, measure(search, c, cache)), ties_with=ties[i]) for i, c in enumerate(rows)]
+
+
+def _ties(rows: list[Candidate]) -> list[tuple[int, ...]]:
+    """For each row, the other rows (1-based) in its tie group: speeds the model cannot tell apart."""
+    order = sorted(range(len(rows)), key=lambda i: -rows[i].speed.tokens_per_second)
+    groups = dict(zip(order, tie_groups([rows[i].speed.tokens_per_second for i in order])))
+    return [tuple(j + 1 for j in range(len(rows)) if j != i and groups[j] == groups[i]) for i in range(len(rows))]
 
 
 def baseline(base: Scenario, global_batch: int | None = None, options: Options = Options()) -> PlanRow:
@@ -110,15 +124,17 @@ def role_memory_order(k: StateKnobs) -> tuple:
             not k.deepspeed_sleep)
 
 
-def choose_for_fit(rows: list[PlanRow], tolerance: float = 0.03) -> PlanRow | None:
+def choose_for_fit(rows: list[PlanRow], tolerance: float | None = None) -> PlanRow | None:
     """The row `memfit fit` writes back: a row the user's file can say alone (no edit of the framework's
-    code) when there is one; among those within `tolerance` of the fastest, the fewest changes (a plan a
-    few % slower but with one change less is the smaller edit to the user's file)."""
+    code) when there is one; among those that tie with the fastest (`tolerance`, default the measured tie band),
+    the fewest changes, then the most memory margin (a plan the model cannot tell from the fastest, with one
+    change less, is the smaller edit to the user's file)."""
+    tolerance = tie_band() if tolerance is None else tolerance
     flags_only = [r for r in rows if not any(c.code_edit for c in r.changes)]
     rows = flags_only or rows
     if not rows:
         return None
-    fastest = rows[0].tokens_per_second
+    fastest = max(r.tokens_per_second for r in rows)  # rows[0] is the simplest of the first tie, not the fastest
     close = [r for r in rows if r.tokens_per_second >= fastest * (1.0 - tolerance)]
-    return min(close, key=lambda r: (sum(bool(c.code_edit) for c in r.changes), len(r.changes),
+    return min(close, key=lambda r: (sum(bool(c.code_edit) for c in r.changes), len(r.changes), -r.headroom_bytes,
                                      -r.tokens_per_second))

@@ -7,11 +7,13 @@ the estimate (device and host) and ranked by the step-time model, one row per ap
    activation setting). Each is first estimated with its least-memory activation setting: if that does
    not fit, nothing with it fits. Otherwise its activation settings are tried fastest first, skipping any
    that needs at least as much device memory in every knob as one already out of memory; the first
-   that fits (or, within 1% of its speed, the one with fewer changes) is the setting's candidate.
+   that fits (or, among those that tie with it in speed, the one with fewer changes) is the setting's candidate.
 3. Candidates group into approaches (`family`: tuning, weight layout, what is offloaded); each approach
-   gets one row, its fastest (fewest changes within 1%). A row is dropped when another candidate makes a
-   subset of its changes, is as fast, and needs about as much memory (its extra changes buy nothing).
-   The visit stops when the next upper bound cannot reach the k-th row.
+   gets one row, the simplest of those that tie with its fastest. A row is dropped when another candidate
+   makes a subset of its changes, ties with it, and needs about as much memory (its extra changes buy nothing).
+   Rows are fastest first, a tie ranked by fewer changes, then more memory margin. Ties are speeds closer than
+   the measured tie band (speed.toml [band] tie). The visit stops when the next upper bound cannot reach the
+   k-th row.
 A few thousand candidates; estimate() ~0.2-1 ms, step_time() ~20 us; well under 2 s.
 """
 from __future__ import annotations
@@ -33,7 +35,8 @@ from memfit.planner.space import (Options, act_options, fastest, le, least_memor
                                   state_options, unique)
 from memfit.planner.speed import StepTime
 from memfit.planner.step_time import step_time
-from memfit.roles.estimate import estimate
+from memfit.planner.throughput import tie_band
+from memfit.roles.estimate import at_most_tight, estimate
 
 ALLOW = ("lora", "qlora", "8bit")
 # `memfit fit` keeps the data of a step as the user has it: these axes stay unless --allow names the word
@@ -45,7 +48,8 @@ FITTING = ("fits",)
 DEADLINE_SECONDS = 1.8  # safety stop for the search; the rows found so far are returned
 # MEMFIT_PLAN_DEADLINE (seconds) overrides it: the tests set it high, so a loaded machine cannot change a plan
 DEADLINE_ENV = "MEMFIT_PLAN_DEADLINE"
-SPEED_TOLERANCE = 0.01  # speeds within 1% count as equal: the row with fewer changes wins
+# speeds closer than the measured tie band (speed.toml [band] tie, planner/throughput.py) count as equal: among
+# them the row with fewer changes (then more memory margin) wins
 MEMORY_TOLERANCE = 0.02  # of GPU memory (host RAM): smaller savings do not justify an extra change
 
 
@@ -66,7 +70,9 @@ def judge(e, resume: bool = True) -> Judged:
     hw = e.scenario.hardware
     host_peak = max(b.total for phase, b in e.host.phases.items() if resume or phase != "resume")
     host_margin = None if hw.host_ram is None else hw.host_ram - host_peak
-    verdict = verdict_of(e.margin_bytes, hw.gpu.memory_bytes, host_margin, e.band_fraction)
+    # a run with a memory setting no reader read is not the run estimated: never "fits" (roles/estimate.py)
+    verdict = at_most_tight(verdict_of(e.margin_bytes, hw.gpu.memory_bytes, host_margin, e.band_fraction),
+                            e.scenario.unread)
     return Judged(verdict, e.device_total.peak.total, e.margin_bytes, host_peak, host_margin)
 
 
@@ -247,7 +253,7 @@ class Search:
 
     def best_for(self, k: StateKnobs, floor: float = 0.0) -> Candidate | None:
         """The fastest fitting activation setting for these model-state knobs (None below `floor` tokens/s);
-        among those within SPEED_TOLERANCE of it, the one with the fewest changes."""
+        among those it ties with (the measured tie band), the one with the fewest changes."""
         cands = [c for c in (self.build(k, a) for a in self.acts) if c is not None]
         n_state = len(changed(self.bk, k))
 
@@ -257,9 +263,10 @@ class Search:
         cands.sort(key=lambda c: (-c.speed.tokens_per_second, n_changes(c)))
         out_of_memory: list[ActKnobs] = []
         best: Candidate | None = None
+        fastest = 0.0  # the first fit's tokens/s: ties are against it, not against a slower simpler pick
         for c in cands:
             speed = c.speed.tokens_per_second
-            if speed < floor or (best is not None and speed < best.speed.tokens_per_second * (1 - SPEED_TOLERANCE)):
+            if speed < floor or (best is not None and speed < fastest * (1 - tie_band())):
                 break
             if best is not None and n_changes(c) >= n_changes(best):
                 continue
@@ -269,7 +276,8 @@ class Search:
             if e.verdict in ("oom", "tight"):  # short of the card or of its error band: more memory is too
                 out_of_memory.append(c.act)
             elif fits(e):
-                best = c  # the first fit, or one within tolerance with fewer changes
+                fastest = fastest or speed
+                best = c  # the first fit, or one that ties with it with fewer changes
         return best
 
     def late(self) -> bool:
@@ -320,18 +328,18 @@ class Ranking:
         sets = {id(c): self.changes(c) for c in self.found}
         kept = [c for c in best if not any(self._redundant(c, sets[id(c)], o, sets[id(o)])
                                            for o in self.found if o is not c)]
-        return sorted(kept, key=lambda c: (-c.speed.tokens_per_second, len(sets[id(c)])))[: self.top_k]
+        return tie_order(kept, lambda c: len(sets[id(c)]))[: self.top_k]
 
     def _simplest(self, members: list[Candidate]) -> Candidate:
-        """The fewest changes among the members within SPEED_TOLERANCE of the fastest."""
+        """The fewest changes among the members that tie with the fastest."""
         fastest = max(c.speed.tokens_per_second for c in members)
-        close = [c for c in members if c.speed.tokens_per_second >= fastest * (1 - SPEED_TOLERANCE)]
-        return min(close, key=lambda c: (len(self.changes(c)), -c.speed.tokens_per_second))
+        close = [c for c in members if c.speed.tokens_per_second >= fastest * (1 - tie_band())]
+        return min(close, key=lambda c: (len(self.changes(c)), -_margin(c), -c.speed.tokens_per_second))
 
     @staticmethod
     def _redundant(c: Candidate, mine: frozenset, other: Candidate, theirs: frozenset) -> bool:
         """c makes all of `other`'s changes and more, and the extra ones buy neither speed nor memory."""
-        if not theirs < mine or other.speed.tokens_per_second < c.speed.tokens_per_second * (1 - SPEED_TOLERANCE):
+        if not theirs < mine or other.speed.tokens_per_second < c.speed.tokens_per_second * (1 - tie_band()):
             return False
         hw = c.scenario.hardware
         e, o = c.judged, other.judged
@@ -341,18 +349,54 @@ class Ranking:
             hw.host_ram is None or host_gain < MEMORY_TOLERANCE * hw.host_ram)
 
     def floor(self, k: StateKnobs) -> float:
-        """Below this many tokens/s a candidate with these knobs can change no row: its approach already
-        has a faster one, or k rows are faster."""
+        """Below this many tokens/s a candidate with these knobs can change no row: its approach already has a
+        faster one, or k rows are faster. Slower by less than the tie band it still can, by as few changes or
+        fewer (the tie's order), but not when these knobs alone already make more changes than the row it
+        would have to pass."""
+        n = len(changed(self.bk, k))
         mine = self.family(k)
-        family = max((c.speed.tokens_per_second for c in self.found if self.family(c.state) == mine), default=0.0)
-        last = self.rows[-1].speed.tokens_per_second if len(self.rows) >= self.top_k else 0.0
-        return max(family, last) * (1 - SPEED_TOLERANCE)
+        members = [c for c in self.found if self.family(c.state) == mine]
+        fastest = max((c.speed.tokens_per_second for c in members), default=0.0)
+        simpler = bool(members) and n <= len(self.changes(self._simplest(members)))  # could be its approach's row
+        family = fastest * (1 - tie_band()) if simpler else fastest
+        last = 0.0
+        if len(self.rows) >= self.top_k:
+            row = self.rows[-1]
+            tied = simpler or n <= len(self.changes(row))
+            last = row.speed.tokens_per_second * ((1 - tie_band()) if tied else 1)
+        return max(family, last)
 
     def done(self, bound: float) -> bool:
         """No candidate at most `bound` tokens/s can still enter the rows."""
         if len(self.rows) < self.top_k:
             return False
-        return bound < self.rows[-1].speed.tokens_per_second * (1 - SPEED_TOLERANCE)
+        return bound < self.rows[-1].speed.tokens_per_second * (1 - tie_band())
+
+
+def _margin(c: Candidate) -> int:
+    return c.judged.margin if c.judged is not None else 0
+
+
+def tie_groups(speeds: list[float]) -> list[int]:
+    """Speeds sorted fastest first -> the tie group of each: a group is a fastest speed and every speed that
+    ties with it (planner/throughput.py `tie_band`)."""
+    groups, leader = [], None
+    for v in speeds:
+        if leader is None or v < leader * (1 - tie_band()):
+            leader = v
+            groups.append(len(groups) and groups[-1] + 1)
+        else:
+            groups.append(groups[-1])
+    return groups
+
+
+def tie_order(cands: list[Candidate], n_changes) -> list[Candidate]:
+    """Fastest first, but inside a tie the fewest changes first, then the most memory margin."""
+    fastest = sorted(cands, key=lambda c: -c.speed.tokens_per_second)
+    groups = tie_groups([c.speed.tokens_per_second for c in fastest])
+    ranked = sorted(zip(groups, fastest), key=lambda gc: (gc[0], n_changes(gc[1]), -_margin(gc[1]),
+                                                          -gc[1].speed.tokens_per_second))
+    return [c for _, c in ranked]
 
 
 def run_search(base: Scenario, allow: set[str], global_batch: int | None, top_k: int,

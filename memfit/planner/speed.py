@@ -8,16 +8,20 @@ Per micro-step, on one GPU:
   weights too, down to the lowest trainable layer) + 2 for the weight gradient of trainable weights only.
   So full fine-tuning is 6 x params x tokens, a frozen base under LoRA 4x plus 6x the adapters, freeze
   tuning 2x everywhere plus 4x in the trained top layers. MoE experts count at experts_per_token /
-  num_experts. lm_head is a matmul even when tied. Time = FLOPs / (bf16 TFLOP/s x MFU per GPU x a
-  small-batch factor tokens / (tokens + half_efficiency_tokens)); fp32 runs at a fraction of the rate.
+  num_experts. lm_head is a matmul even when tied. Time = FLOPs / (bf16 TFLOP/s x MFU per GPU x shape
+  factors tokens / (tokens + half_tokens) x hidden / (hidden + half_hidden)); fp32 runs at a fraction of
+  the rate. PEFT methods other than LoRA add the work speed_peft.py counts from PEFT's layer code; prompt
+  methods' virtual tokens widen every row.
 - attention: causal 2·B·T²·(heads·head_dim) FLOPs per layer forward with flash kernels (masked half
   skipped), twice that for eager / masked SDPA; backward 2.5x (flash) or 2x; eager also moves the T x T
   scores through memory (bytes / bandwidth), which is what makes it slow at long sequences.
 - recompute under checkpointing: one more forward (matmuls + attention + element-wise) of each
   checkpointed layer.
 - memory-bound work: element-wise ops per token per layer, the loss over tokens x vocab (standard
-  cross entropy moves ~28 B per logit, Liger's fused loss ~8), QLoRA dequantization of each 4-bit
-  weight in forward, backward and recompute.
+  cross entropy moves ~28 B per logit, Liger's fused loss ~8); dequantization of each quantized weight
+  (bitsandbytes QLoRA, GPTQ) in forward, backward and recompute, per byte of stored weight.
+- fixed costs: eager PyTorch launches every kernel from Python, so a micro-step takes at least its
+  launches x the launch cost (small micro-batches are launch-bound), plus a fixed cost per micro-step.
 - collectives of a micro-step: ZeRO-2 reduce-scatters gradients; ZeRO-3 and FSDP full_shard all-gather
   parameters in forward and again in backward and reduce-scatter gradients (≈ 3x parameter bytes);
   FSDP shard_grad_op gathers once. Ring traffic (N-1)/N x bytes over interconnect_gbps/2 (one
@@ -31,39 +35,35 @@ Once per step:
 - collectives: DDP / ZeRO-0 all-reduce gradients (2x gradient bytes); ZeRO-1 reduce-scatter +
   all-gather (2x); ZeRO-2 all-gathers the updated parameters (1x).
 - optimizer: on the GPU memory-bound (bytes per parameter by optimizer), over the rank's partition;
-  offloaded: DeepSpeedCPUAdam (or torch AdamW on CPU for FSDP) over the partitions of every rank of the
-  node at a per-node rate, plus the updated 16-bit parameters sent back up. `ratio` keeps a share of the
+  offloaded: DeepSpeedCPUAdam (or torch AdamW on CPU for FSDP / torchtune) over the rank's partition on the
+  threads its launcher gives it (speed_host.py), plus the updated 16-bit parameters sent back up. `ratio` keeps a share of the
   sub-groups on the GPU. `optimizer_in_backward` hides part of the GPU step behind backward.
 
 Throughput counts real tokens: a padded batch of several rows is `padded_fill` real tokens, packed and
 padding-free batches are full. Tokens per second are for the whole job (all GPUs).
 
-Not modeled (equal for the configurations a plan compares, or outside its search): kernel-launch and
-Python overheads, the data loader, torch.compile, tensor / pipeline / sequence parallelism, MoE
-all-to-all. Generation (vLLM) and the extra models of preference / RL methods are in step_time.py,
+Not modeled (equal for the configurations a plan compares, or outside its search): the data loader,
+torch.compile, fused-kernel plugins other than the loss (fms-acceleration's FOAK, Liger's RMSNorm / RoPE),
+tensor / pipeline / sequence parallelism, MoE all-to-all. Generation (vLLM) and the extra models of preference / RL methods are in step_time.py,
 built on `nograd_forward_seconds`, `gather_seconds` and `host_link_bytes_per_second` below.
 """
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from functools import cache
 
 from memfit.dtypes import NF4_BYTES
-from memfit.facts.catalog import HERE, ModelSpec
-from memfit.facts.engines import Sharding, engine_of
-from memfit.facts.recompute import Recompute
+from memfit.facts.adapters import wraps
+from memfit.facts.catalog import ModelSpec
+from memfit.facts.engines import engine_of
 from memfit.facts.scenario import Scenario
-from memfit.memory.inventory import saved_copies, scenario_tensors, tuned_tensors
-from memfit.memory.states.common import partition_sizes
+from memfit.memory.inventory import saved_copies, tuned_tensors
+from memfit.planner.speed_constants import GB, assumptions
+from memfit.planner.speed_host import host_link, optimizer_and_offload
+from memfit.planner.speed_peft import adapter_work, virtual_tokens
 
-GB = 1e9
-
-
-@cache
-def assumptions() -> dict:
-    with open(HERE / "speed.toml", "rb") as f:
-        return tomllib.load(f)
+__all__ = ["GB", "StepTime", "assumptions", "gather_seconds", "host_link_bytes_per_second", "nograd_forward_seconds",
+           "param_counts", "train_step_time"]
 
 
 @dataclass(frozen=True)
@@ -141,18 +141,51 @@ def _padding_fill(s: Scenario) -> float:
     return assumptions()["data"]["padded_fill"]
 
 
+def _row_tokens(s: Scenario) -> int:
+    """Positions one row runs through the layers: the sequence and a prompt method's virtual tokens."""
+    return s.seq_len + virtual_tokens(s)
+
+
 def _rates(s: Scenario) -> tuple[float, float]:
-    """(matmul FLOP/s, memory-bound bytes/s) for this GPU at this micro-batch."""
+    """(matmul FLOP/s, memory-bound bytes/s) for this GPU at this micro-batch and model width."""
     a = assumptions()
     gpu = s.hardware.gpu
     mfu = a["mfu"].get(gpu.id, a["mfu"]["default"])
-    tokens = s.tokens_per_micro_batch
-    small_batch = tokens / (tokens + a["compute"]["half_efficiency_tokens"])
-    flops = max(gpu.bf16_tflops, 1.0) * 1e12 * mfu * small_batch
+    tokens = s.micro_batch * _row_tokens(s)
+    shape = a["shape"]
+    narrow = (tokens / (tokens + shape["half_tokens"])
+              * s.model.hidden_size / (s.model.hidden_size + shape["half_hidden"]))
+    flops = max(gpu.bf16_tflops, 1.0) * 1e12 * mfu * narrow
     if s.precision == "fp32":
         flops *= a["compute"]["fp32_rate_fraction"]
     bandwidth = max(gpu.memory_bandwidth_gbps, 1.0) * GB * a["compute"]["bandwidth_efficiency"]
     return flops, bandwidth
+
+
+def _attention(s: Scenario, bwd: float, ck: float, flop_rate: float, bandwidth: float) -> float:
+    """Per layer T x T per row: causal 2 B T^2 width FLOPs forward with flash kernels (masked half skipped)."""
+    at = assumptions()["attention"]
+    m = s.model
+    rows, t = s.micro_batch, _row_tokens(s)
+    causal_fwd = 2 * rows * t * t * m.num_heads * m.head_dim
+    masked = s.padding == "padded" and s.micro_batch > 1
+    if s.attention == "flash" or (s.attention == "sdpa" and not masked):
+        eff = at["flash"] if s.attention == "flash" else at["sdpa"]
+        return m.num_layers * causal_fwd * (1 + at["flash_backward_factor"] * bwd + ck) / (flop_rate * eff)
+    eff = at["sdpa_masked"] if s.attention == "sdpa" else 1.0
+    seconds = m.num_layers * 2 * causal_fwd * (1 + at["eager_backward_factor"] * bwd + ck) / (flop_rate * eff)
+    if s.attention == "eager":
+        scores = rows * m.num_heads * t * t
+        seconds += m.num_layers * scores * at["eager_bytes_per_score"] * (1 + ck / 3) / bandwidth
+    return seconds
+
+
+def _dequant(s: Scenario, p: ParamCounts, passes: float) -> float:
+    """Each quantized weight unpacked to 16-bit in every pass that reads it, per byte of stored weight."""
+    q = assumptions()["quantization"]
+    gptq = (s.model.quantization or "").startswith("gptq")
+    stored = p.quantized * (NF4_BYTES if gptq or s.quant_bits == 4 else 1.0)
+    return stored * passes * q["gptq_seconds_per_byte" if gptq else "bnb_seconds_per_byte"]
 
 
 def _micro_compute(s: Scenario, p: ParamCounts) -> dict[str, float]:
@@ -160,46 +193,41 @@ def _micro_compute(s: Scenario, p: ParamCounts) -> dict[str, float]:
     a = assumptions()
     flop_rate, bandwidth = _rates(s)
     m = s.model
-    n = s.tokens_per_micro_batch
+    n = s.micro_batch * _row_tokens(s)
     ck = _checkpointed_fraction(s) * p.backward_layer_fraction  # only layers backward reaches recompute
     bwd = p.backward_layer_fraction
-    layer_fwd = 2 * p.layer_matmul
-    forward = layer_fwd + 2 * p.head + 2 * p.adapters
+    extra = adapter_work(s, a["peft"])
+    layer_fwd = 2 * p.layer_matmul + 2 * p.adapters + extra.flops_per_token_forward
+    forward = layer_fwd + 2 * p.head
     backward = (2 * p.layer_matmul * bwd + 2 * p.layer_matmul_trainable + 2 * p.head
-                + (2 * p.head if p.head_trainable else 0) + 4 * p.adapters)
+                + (2 * p.head if p.head_trainable else 0) + 4 * p.adapters + extra.flops_per_token_backward)
     if s.loss == "chunked_nll":
         forward += 2 * p.head  # TRL checkpoints each lm_head chunk: its forward runs again in backward
     parts = {
         "matmul": n * (forward + backward) / flop_rate,
-        "recompute": n * ck * (layer_fwd + 2 * p.adapters) / flop_rate,
+        "recompute": n * ck * layer_fwd / flop_rate,
+        "attention": _attention(s, bwd, ck, flop_rate, bandwidth),
     }
-    # attention: per layer, T x T per row
-    at = a["attention"]
-    rows, t = s.micro_batch, s.seq_len
-    width = m.num_heads * m.head_dim
-    causal_fwd = 2 * rows * t * t * width  # flash skips the masked half of QK^T and PV
-    masked = s.padding == "padded" and s.micro_batch > 1
-    layers = m.num_layers
-    if s.attention == "flash" or (s.attention == "sdpa" and not masked):
-        eff = at["flash"] if s.attention == "flash" else at["sdpa"]
-        passes = 1 + at["flash_backward_factor"] * bwd + ck
-        attn = layers * causal_fwd * passes / (flop_rate * eff)
-    else:
-        eff = at["sdpa_masked"] if s.attention == "sdpa" else 1.0
-        passes = 1 + at["eager_backward_factor"] * bwd + ck
-        attn = layers * 2 * causal_fwd * passes / (flop_rate * eff)
-        if s.attention == "eager":
-            scores = rows * m.num_heads * t * t
-            attn += layers * scores * at["eager_bytes_per_score"] * (1 + ck / 3) / bandwidth
-    parts["attention"] = attn
     c = a["compute"]
-    parts["elementwise"] = (n * layers * m.hidden_size * c["elementwise_bytes_per_token_layer_hidden"]
+    parts["elementwise"] = (n * m.num_layers * m.hidden_size * c["elementwise_bytes_per_token_layer_hidden"]
                             * (1 / 3 + 2 / 3 * bwd + ck / 3) / bandwidth)  # forward ~1/3 of the traffic
     parts["loss"] = n * m.vocab_size * a["loss"][s.loss] / bandwidth
+    if extra.fixed_flops or extra.fixed_weight_bytes:  # weights PEFT rebuilds in each forward (and recompute)
+        parts["adapter_weights"] = (1 + ck / 2) * (extra.fixed_flops / flop_rate
+                                                   + extra.fixed_weight_bytes / bandwidth)
     if p.quantized:
-        passes = 1 + bwd + ck
-        parts["dequant"] = p.quantized * a["quantization"]["dequant_bytes_per_param"] * passes / bandwidth
+        parts["dequant"] = _dequant(s, p, 1 + bwd + ck)
     return parts
+
+
+def _launch_seconds(s: Scenario, p: ParamCounts) -> float:
+    """Seconds Python needs to launch one micro-step's kernels (forward, backward ~2x, recompute)."""
+    o = assumptions()["overhead"]
+    bwd = p.backward_layer_fraction
+    passes = 1 + 2 * bwd + _checkpointed_fraction(s) * bwd
+    adapted = len(s.lora_targets) if s.uses_adapters and wraps(s.tuning) == "linear" else 0
+    per_layer = o["kernels_per_layer_forward"] + adapted * o["kernels_per_adapter_forward"]
+    return s.model.num_layers * per_layer * passes * o["kernel_launch_seconds"]
 
 
 def _link_bytes_per_second(s: Scenario) -> float:
@@ -235,46 +263,6 @@ def _collectives(s: Scenario, p: ParamCounts) -> tuple[float, float]:
     return per_micro * ring * exposed, per_step * ring * exposed
 
 
-def _host_link(s: Scenario, pinned: bool) -> float:
-    o = assumptions()["offload"]
-    gbps = o["host_link_gbps"].get(s.hardware.gpu.id, o["host_link_gbps"]["default"])
-    return gbps * GB * (1.0 if pinned else o["pageable_fraction"])
-
-
-def _optimizer_and_offload(s: Scenario, p: ParamCounts, bandwidth: float) -> tuple[dict[str, float], dict[str, float]]:
-    """(per micro-step, per step) seconds of optimizer work and host transfers."""
-    a = assumptions()
-    o = a["offload"]
-    n, g = s.world_size, s.hardware.gpus_per_node
-    engine = engine_of(s)
-    local = p.trainable / n if engine.sharding(s) >= Sharding.OPTIMIZER else p.trainable
-    gpu_bytes = a["optimizer"].get(s.optimizer, 28)
-    micro: dict[str, float] = {}
-    step: dict[str, float] = {}
-    host_share = 0.0
-    traffic = engine.offload_traffic(s)
-    if engine.optimizer_offload(s) != "none":
-        host_share = 1.0 - engine.optimizer_gpu_share(s, partition_sizes(s, scenario_tensors(s)))
-        link = _host_link(s, engine.pinned(s))
-        micro["offload_transfer"] = local * host_share * traffic.grad_bytes_down / link * o["exposed_transfer"]
-        if traffic.param_bytes_up:
-            step["offload_transfer"] = local * host_share * traffic.param_bytes_up / link
-        step["cpu_optimizer"] = p.trainable * host_share * g / n / o[engine.cpu_optimizer(s)]
-    if traffic.weight_fetches:  # offloaded weights are always pinned (memfit/memory/states)
-        fetch = traffic.weight_fetches * (p.total / n) * s.compute_bytes / _host_link(s, True)
-        micro["offload_transfer"] = micro.get("offload_transfer", 0.0) + fetch * o["exposed_param_fetch"]
-    gpu_step = local * (1.0 - host_share) * gpu_bytes / bandwidth
-    if s.steps_in_backward:
-        gpu_step *= 1.0 - a["optimizer"]["in_backward_hidden"]
-    step["optimizer"] = gpu_step
-    if Recompute.of(s.checkpointing).on_host:
-        ckpt_bytes = (s.tokens_per_micro_batch * s.model.hidden_size * s.compute_bytes * s.model.num_layers
-                      * _checkpointed_fraction(s))
-        micro["activation_offload"] = 2 * ckpt_bytes / _host_link(s, s.checkpointing == "offload") \
-            * o["exposed_activation_offload"]
-    return micro, step
-
-
 def nograd_forward_seconds(s: Scenario) -> float:
     """One no-grad forward of a micro-batch (a reference / reward / rollout log-prob pass): the forward
     share of the matmuls, attention and element-wise work of `_micro_compute`, no backward, no recompute."""
@@ -304,7 +292,7 @@ def gather_seconds(s: Scenario, param_bytes: float) -> float:
 
 
 def host_link_bytes_per_second(s: Scenario, pinned: bool = True) -> float:
-    return _host_link(s, pinned)
+    return host_link(s, pinned)
 
 
 def train_step_time(s: Scenario) -> StepTime:
@@ -312,9 +300,13 @@ def train_step_time(s: Scenario) -> StepTime:
     p = param_counts(s)
     _, bandwidth = _rates(s)
     micro = _micro_compute(s, p)
+    launches = _launch_seconds(s, p)
+    micro["launch_bound"] = max(0.0, launches - sum(micro.values()))  # the GPU waits for Python to launch
+    micro["fixed"] = assumptions()["overhead"]["micro_step_seconds"]
     comm_micro, comm_step = _collectives(s, p)
     micro["collectives"] = comm_micro
-    off_micro, step = _optimizer_and_offload(s, p, bandwidth)
+    off_micro, step = optimizer_and_offload(s, p.trainable, p.total, bandwidth,
+                                            _checkpointed_fraction(s) * p.backward_layer_fraction)
     for k, v in off_micro.items():
         micro[k] = micro.get(k, 0.0) + v
     step["collectives"] = comm_step

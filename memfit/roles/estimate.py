@@ -27,16 +27,38 @@ def estimate(s: Scenario) -> Estimate:
     host = placement.host
     host_margin = None if s.hardware.host_ram is None else s.hardware.host_ram - host.peak.total
     band = band_of(s)
+    fraction = band.fraction_at(worst.peak)
+    verdict = verdict_of(worst.margin_bytes, s.hardware.gpu.memory_bytes, host_margin, fraction)
     return Estimate(
         scenario=s, total_params=placement.total_params, trainable_params=placement.trainable_params,
         allocated=worst.allocated, reserved=worst.reserved, device_total=worst.device_total, host=host,
-        verdict=verdict_of(worst.margin_bytes, s.hardware.gpu.memory_bytes, host_margin, band.fraction),
+        verdict=at_most_tight(verdict, s.unread),
         margin_bytes=worst.margin_bytes, host_margin_bytes=host_margin, roles=placement.roles,
         groups=placement.groups, worst_group=worst.name, drivers=placement.drivers,
-        gpus_needed=placement.gpus_needed, band_kind=band.kind, band_fraction=band.fraction,
+        gpus_needed=placement.gpus_needed, band_kind=band.kind, band_fraction=fraction,
         oom_chance=band.oom_chance(worst.margin_bytes, worst.peak),
         assumptions=_method_assumptions(s) + _model_assumptions(s.model) + _kernel_assumptions(s) + list(s.assumed)
-        + notes + placement.notes + [band.describe()])
+        + notes + placement.notes + [band.describe(worst.peak)] + _unread_assumptions(s.unread)
+        + _paged_assumptions(worst))
+
+
+def _paged_assumptions(group) -> list[str]:
+    if not group.evictable:
+        return []
+    gib = group.evictable / 2**30
+    return [f"paged optimizer states ({gib:.2f} GiB) are CUDA unified memory (bitsandbytes functional.py get_paged: "
+            f"cudaMallocManaged): the driver pages them out to host RAM when the card fills instead of running out "
+            f"of memory, so the margin leaves them out; each step that does moves them over PCIe"]
+
+
+def at_most_tight(verdict: str, unread: tuple[str, ...]) -> str:
+    """A run with a memory-relevant setting memfit could not read is not the run it estimated: never "fits"."""
+    return "tight" if unread and verdict == "fits" else verdict
+
+
+def _unread_assumptions(unread: tuple[str, ...]) -> list[str]:
+    return [f"not read: {what}; the estimate is of the run without it, so the verdict is at most 'tight'"
+            for what in unread]
 
 
 def _kernel_assumptions(s: Scenario) -> list[str]:

@@ -60,6 +60,9 @@ class GpuGroup:
     reserved: PhaseProfile
     device_total: PhaseProfile
     peak_moment: str
+    # of the peak, bytes the driver may page out to host RAM when the card fills: bitsandbytes' paged optimizer
+    # states are CUDA unified memory (functional.py get_paged: cudaMallocManaged), evicted instead of an OOM
+    evictable: int = 0
 
     @property
     def peak(self) -> int:
@@ -67,7 +70,8 @@ class GpuGroup:
 
     @property
     def margin_bytes(self) -> int:
-        return self.capacity - self.peak
+        """Capacity minus what must stay on the card at the peak."""
+        return self.capacity - self.peak + self.evictable
 
     def by_role(self, moment: str | None = None) -> dict[str, int]:
         return {r: b.total for r, b in self.moments[moment or self.peak_moment].items()}
@@ -77,7 +81,7 @@ class GpuGroup:
         return {
             "name": self.name, "gpus": self.gpus, "processes_per_gpu": len(self.processes),
             "processes": list(self.processes), "roles": list(self.roles), "peak_moment": self.peak_moment,
-            "peak_bytes": self.peak, "margin_bytes": self.margin_bytes,
+            "peak_bytes": self.peak, "evictable_bytes": self.evictable, "margin_bytes": self.margin_bytes,
             "verdict": verdict_of(self.margin_bytes, self.capacity, None, band),
             "moments": {m: {r: b.to_json() for r, b in roles.items()} for m, roles in self.moments.items()},
             "device_total": self.device_total.to_json(),
@@ -136,11 +140,11 @@ def gpu_group(name: str, gpus: int, capacity: int, moments: dict[Moment, list[Ho
     for phase in PHASES:  # every phase present, as the shared vocabulary expects
         best.setdefault(phase, steady)
     profile = {i: PhaseProfile({p: settled[m][i] for p, m in best.items()}) for i in (1, 2, 3)}
-    peak_moment = best[profile[3].peak_phase].name
+    peak = best[profile[3].peak_phase]
     procs = tuple(dict.fromkeys(h.process for hs in moments.values() for h in hs))
     roles = tuple(dict.fromkeys(h.role for hs in moments.values() for h in hs))
     return GpuGroup(name, gpus, procs, roles, capacity, {m.name: s[0] for m, s in settled.items()}, profile[1],
-                    profile[2], profile[3], peak_moment)
+                    profile[2], profile[3], peak.name, sum(h.outside for h in moments[peak]))
 
 
 def trained_holding(process: str, role: str, tr: TrainedRole, phase: str, reserved: PhaseProfile) -> Holding:

@@ -29,7 +29,8 @@ def place(s: Scenario, notes: list[str]) -> Placement:
     value_head = bool(facts.get("value_head"))
     kind = run_methods(s)["logits"] if several_models(s.method) else None
     policy = trained_role(s, rows, kind, value_head)
-    reserved = reserved_profile(policy.allocated, policy.states, policy.scenario.hardware.runtime)
+    reserved = reserved_profile(policy.allocated, policy.states, policy.scenario.hardware.runtime,
+                                policy.scenario.tuning)
     ref_kind, why = reference(s)
     notes.extend(why)
     ref = None
@@ -101,7 +102,7 @@ def _policy_role(s: Scenario, policy: TrainedRole, group: GpuGroup, rows: int, k
 def _policy_cache(policy: TrainedRole, b: Breakdown) -> int:
     ms = policy.states
     return overheads.allocator_cache(b.get("activations") + b.get("logits_loss") + ms.gathered_forward,
-                                     policy.scenario.hardware.runtime)
+                                     policy.scenario.hardware.runtime, policy.scenario.tuning)
 
 
 def _drivers(policy: TrainedRole, ref: FrozenRole | None, group: GpuGroup) -> dict[str, int]:

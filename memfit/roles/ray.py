@@ -190,7 +190,8 @@ def _others(run: RayRun, busy: set[str], vllm: Holding | None = None) -> list[Ho
 
 def _moments(run: RayRun) -> dict[Moment, list[Holding]]:
     moments: dict[Moment, list[Holding]] = {}
-    reserved = {proc: reserved_profile(tr.allocated, tr.states, tr.scenario.hardware.runtime) for proc, tr in run.trainers()}
+    reserved = {proc: reserved_profile(tr.allocated, tr.states, tr.scenario.hardware.runtime, tr.scenario.tuning)
+                for proc, tr in run.trainers()}
     moments[Moment("load", "load")] = [trained_holding(proc, ROLE_OF[proc], tr, "load", reserved[proc])
                                        for proc, tr in run.trainers()] + _others(run, {"actor", "critic"})
     if run.gen:

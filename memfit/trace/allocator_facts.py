@@ -7,8 +7,8 @@ Each row: one scenario's step stream (memfit.trace.step_stream, traced at three 
 at a fourth) replayed through the allocator (memfit.trace.allocator) with no model states and no capacity
 limit, so the slack is the cache's own: over `STEPS` steps of the maximum length ("uniform"), and over
 `STEPS` steps of sampled lengths for each of `SEEDS` ranks ("varying", allocator_study.sample_lengths).
-Slack is given as a share of the step's churn peak (the stream's own allocated peak), the quantity memfit's
-`fragmentation_of_churn` multiplies.
+Slack is given as a share of the step's churn peak (the stream's own allocated peak). A study of ZeRO-3 DPO steps
+of varying length: the estimate reads the whole-run replays of allocator_reserve.py (data/allocator_reserve.toml).
 """
 from __future__ import annotations
 

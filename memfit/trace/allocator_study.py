@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from memfit.errors import MemfitError
 from memfit.facts.scenario import Scenario
 from memfit.trace.allocator import DEFAULT_RULES, Replay, Replayer, Rules, replay
-from memfit.trace.step_stream import LengthModel, run_stream, trace_step
+from memfit.trace.step_stream import LengthModel, PhaseLoad, run_stream, trace_step
 
 FIT_FRACTIONS = (4, 2, 1)  # lengths traced for the fit: max/4, max/2, max
 CHECK_FRACTION = (3, 4)  # and the one that checks it: 3/4 of max
@@ -31,7 +31,9 @@ MIN_TOKENS = 32
 
 @dataclass(frozen=True)
 class Spec:
-    """One traced configuration of the study (and a row of facts/data/allocator_slack.toml)."""
+    """One traced configuration of the study: by default OpenRLHF-style DPO under ZeRO-3 on 8 cards (a row of
+    facts/data/allocator_slack.toml); with method "sft", profile "hf-trainer", gpus 1 and zero_stage None, an HF
+    Trainer SFT run on one card (a row of facts/data/allocator_reserve.toml, trace/allocator_reserve.py)."""
     model: str
     attention: str
     max_len: int
@@ -40,17 +42,25 @@ class Spec:
     method: str = "dpo"
     gpu: str = "a100-80gb"
     gpus: int = 8
-    zero_stage: int = 3
+    zero_stage: int | None = 3  # None: no engine
+    tuning: str | None = None  # None: the profile's default
+    micro_batch: int = 1
+    lora_rank: int | None = None  # None: the profile's default
+    lora_targets: tuple[str, ...] | None = None
+    padding: str | None = None  # None: the profile's default; "packed": every row max_len real tokens
 
     @property
     def key(self) -> str:
         layers = f"-{self.layers}layers" if self.layers else ""
-        return f"{self.model}{layers}/{self.method}/zero{self.zero_stage}/{self.attention}/{self.max_len}"
+        method = f"{self.method}-{self.tuning}" if self.tuning else self.method
+        engine = f"zero{self.zero_stage}" if self.zero_stage is not None else f"{self.gpus}gpu"
+        batch = f"/mb{self.micro_batch}" if self.micro_batch != 1 else ""
+        return f"{self.model}{layers}/{method}/{engine}{batch}/{self.attention}/{self.max_len}"
 
 
 def spec_scenario(spec: Spec):
-    """The scenario a Spec names: OpenRLHF-style DPO, micro-batch 1, checkpointing asked for (a remote-code file that
-    ignores it leaves it off, as GLM-4's does: data/remote_code.toml), on the Spec's cards."""
+    """The scenario a Spec names: checkpointing asked for (a remote-code file that ignores it leaves it off, as
+    GLM-4's does: data/remote_code.toml), the Spec's knobs over its profile's defaults, on the Spec's cards."""
     from memfit.facts.catalog import find_gpu, find_model
     from memfit.facts.profiles import build_scenario
     from memfit.facts.scenario import Hardware
@@ -58,8 +68,9 @@ def spec_scenario(spec: Spec):
     model = find_model(spec.model)
     if spec.layers:
         model = replace(model, num_layers=spec.layers)
-    knobs = {"method": spec.method, "zero_stage": spec.zero_stage, "micro_batch": 1, "seq_len": spec.max_len,
-             "checkpointing": "full", "attention": spec.attention}
+    knobs = {"method": spec.method, "zero_stage": spec.zero_stage, "micro_batch": spec.micro_batch,
+             "seq_len": spec.max_len, "checkpointing": "full", "attention": spec.attention, "tuning": spec.tuning,
+             "lora_rank": spec.lora_rank, "lora_targets": spec.lora_targets, "padding": spec.padding}  # None: unsaid
     return build_scenario(model, Hardware(find_gpu(spec.gpu), gpus_per_node=spec.gpus), knobs, spec.profile)
 
 
@@ -104,6 +115,26 @@ def longest_fitting(model: LengthModel, history: list[int], static_bytes: int, c
         ok = trial.feed(run_stream([model.step(mid * grain)])) is None  # every history step freed its keys
         lo, hi = (mid, hi) if ok else (lo, mid - 1)
     return lo * grain
+
+
+def reserve_share(phases: dict[str, PhaseLoad], reserved: int) -> float:
+    """The least share f of each phase's churn for which the largest phase's allocated + f x churn reaches
+    `reserved`: the factor memfit's reserved profile (memory/phases.py reserved_profile) needs to give it."""
+    if reserved <= max(p.allocated for p in phases.values()):
+        return 0.0
+    return min((reserved - p.allocated) / p.churn for p in phases.values() if p.churn > 0)
+
+
+def least_capacity(events, low: int, high: int, grain: int = 2 * 1024 * 1024, rules: Rules = DEFAULT_RULES) -> int:
+    """The fewest device bytes (a multiple of `grain`, between `low`, the stream's allocated peak, and `high`, its
+    reserved peak) the stream runs in without running out: short of room, the allocator frees its wholly free cached
+    segments and retries (R8), so a run can fit in less than it reserves on a larger card. Binary search: more room
+    is assumed never to make a run fail."""
+    lo, hi = (low - 1) // grain, -(-high // grain)  # lo fails (below the allocated peak); hi fits (no limit)
+    while lo + 1 < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if replay(events, mid * grain, rules).oom is None else (mid, hi)
+    return hi * grain
 
 
 @dataclass(frozen=True)

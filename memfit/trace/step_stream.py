@@ -13,6 +13,12 @@ Steps of other lengths: every storage size of a step is a polynomial of degree <
 (s-sized activations, s^2 attention scores), so three traced lengths determine every size exactly; a fourth
 trace checks it (`LengthModel.fit`). The stream's structure (which allocation, which free, in what order)
 must be the same at every length, or the fit refuses.
+
+A whole single-GPU run (`trace_run`): every allocation the trace sees, model states included, over several
+steps: the parameters as the first step registers them (the order `model.to(device)` allocates them in), then
+each step's forward, backward and optimizer step (gradients made in backward and freed by zero_grad, the optimizer
+states created lazily by the first step, its foreach temporaries), with a mark after each phase. Only a
+single-process run keeps its states in the trace's own tensors (no engine partitions them), so only it is whole.
 """
 from __future__ import annotations
 
@@ -192,4 +198,54 @@ def run_stream(steps: list[StepStream], static_bytes: int = 0) -> list:
         for e in st.events:
             out.append((1, (n, e[1]), e[2]) if e[0] == "+" else (-1, (n, e[1])))
         out.append(("mark", (n, st.seq_len)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- whole runs
+@dataclass(frozen=True)
+class PhaseLoad:
+    """What a traced phase peaks at (the last step's), in the estimate's terms."""
+    allocated: int  # the phase's allocated peak
+    churn: int  # bytes at that peak that the step allocates and frees itself (memfit.memory.phases._churn)
+
+
+@dataclass(frozen=True)
+class RunStream:
+    events: tuple  # the replay's input (memfit.trace.allocator.Replayer.feed), marks labelled (step, phase)
+    phases: dict  # phase -> PhaseLoad of the last traced step
+
+
+def trace_run(scenario: Scenario, steps: int = 3) -> RunStream:
+    """The allocation stream of `steps` whole training steps of a single-process `scenario` (fake tensors)."""
+    from memfit.trace.run import run_trace
+
+    if scenario.engine != "single":
+        raise MemfitError(f"a whole-run stream is traced for engine 'single' (one GPU), not {scenario.engine!r}: "
+                          f"the trace holds unpartitioned model states and one stream")
+    raw: list = []
+    result = run_trace(scenario, steps=steps, events=raw)
+    temporaries = result.extras.get("optimizer_step_temporaries", 0)
+    phases = {}
+    for name, b in result.profile.phases.items():
+        churn = b.get("activations") + b.get("logits_loss") + (temporaries if name == "optimizer_step" else 0)
+        phases[name] = PhaseLoad(b.total, churn)
+    return RunStream(tuple(_marked(raw)), phases)
+
+
+def _marked(raw: list) -> list:
+    """Recorded (+1|-1, serial, bytes, record) events as replay events, a ("mark", (step, phase)) closing each
+    phase: a phase ends where the next one's first allocation comes (frees between change no peak)."""
+    out, phase, step = [], None, 0
+    for sign, key, nbytes, rec in raw:
+        if sign == -1:
+            out.append((-1, key))
+            continue
+        if rec.phase != phase:
+            if phase is not None:
+                out.append(("mark", (step, phase)))
+                step += rec.phase == "forward"
+            phase = rec.phase
+        out.append((1, key, int(nbytes)))
+    if phase is not None:
+        out.append(("mark", (step, phase)))
     return out

@@ -12,6 +12,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import cards
 from memfit.interfaces.cli.args import blank_arguments, scenario_and_file
 from memfit.interfaces.cli.main import main
 from memfit.interfaces.formats import knobs_from_scenario, read_config, read_configs
@@ -36,11 +37,11 @@ def scenario(files, **typed):
     return scenario_and_file(a)
 
 
-def same_run(script, by_hand: list, gpus: int | None, model: str | None = None):
-    """estimate --from SCRIPT and estimate --from FILES --gpus N (the files as a user would write them): the same
-    Scenario knobs, model and GPU count."""
+def same_run(script, by_hand: list, gpus: int | None, model: str | None = None, **typed):
+    """estimate --from SCRIPT and estimate --from FILES --gpus N (the files as a user would write them, `typed`
+    on the command line beside them): the same Scenario knobs, model and GPU count."""
     s, imported, notes = scenario([script])
-    h, _, _ = scenario(by_hand, model=model, **({"gpus_per_node": gpus} if gpus else {}))
+    h, _, _ = scenario(by_hand, model=model, **({"gpus_per_node": gpus} if gpus else {}), **typed)
     assert knobs_from_scenario(s) == knobs_from_scenario(h)
     assert s.model.id == h.model.id
     assert s.hardware.world_size == (gpus or 1)
@@ -108,17 +109,152 @@ def test_alignment_handbook_recipe_with_accelerate_flags(launches, tmp_path):
     assert any("--num_processes" in n for n in notes)
 
 
-def test_deepspeed_chat_script_flags_are_named(launches, tmp_path):
-    args = {"per_device_train_batch_size": 4, "per_device_eval_batch_size": 4, "learning_rate": 9.65e-6,
-            "weight_decay": 0.0, "num_train_epochs": 4, "gradient_accumulation_steps": 1,
-            "lr_scheduler_type": "cosine", "seed": 1234, "gradient_checkpointing": True, "output_dir": "out"}
-    imported, notes = scenario([launches / "deepspeed_examples/run_llama2_7b.sh"])[1:]
-    by_hand = read_config(write(tmp_path, "args.json", args), gpus=8)
-    assert {k: imported.knobs[k] for k in by_hand.knobs} == by_hand.knobs
+def test_deepspeed_chat_script_flags_are_read(launches, tmp_path):
+    """DeepSpeed-Chat's main.py: its own flags (not TrainingArguments) are the run, the DeepSpeed config it builds
+    in code included; nothing is left unread."""
+    s, imported, notes = scenario([launches / "deepspeed_examples/run_llama2_7b.sh"])
     assert imported.model_name == "meta-llama/Llama-2-7b-hf" and imported.world["num_gpus"] == 8
-    text = " ".join(notes)
-    assert "--zero_stage 3" in text and "--max_seq_len 512" in text  # memory settings it does not model
-    assert "--data_path" in text and "--num_warmup_steps" in text  # the other flags: listed as ignored
+    assert (s.engine, s.zero_stage, s.offload_optimizer, s.offload_param) == ("deepspeed", 3, "none", "none")
+    assert (s.micro_batch, s.grad_accum, s.seq_len, s.padding) == (4, 1, 512, "padded")  # --max_seq_len, padded
+    assert (s.checkpointing, s.precision, s.reduce_bucket_size) == ("full", "fp16-mixed", 500_000_000)
+    assert s.unread == () and "main.py's defaults: --dtype fp16" in " ".join(notes)
+    assert "not read" not in " ".join(notes)
+
+
+def _dschat(tmp_path, flags: str) -> Path:
+    return write_text(tmp_path / "run.sh", f"deepspeed --num_gpus 8 main.py --model_name_or_path "
+                                           f"meta-llama/Llama-2-7b-hf --data_split 2,4,4 {flags}\n")
+
+
+def write_text(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_deepspeed_chat_defaults_and_offload_below_zero3(tmp_path):
+    """main.py's own defaults (micro-batch 16, ZeRO-0, fp16, 512 tokens); --offload under ZeRO-2 moves the
+    optimizer only (DeepSpeed hands offload_param to ZeRO-3 alone)."""
+    s = scenario([_dschat(tmp_path, "")])[0]
+    assert (s.micro_batch, s.grad_accum, s.zero_stage, s.precision, s.seq_len) == (16, 1, 0, "fp16-mixed", 512)
+    assert s.checkpointing == "off"
+    s = scenario([_dschat(tmp_path, "--zero_stage 2 --offload --dtype bf16")])[0]
+    assert (s.zero_stage, s.offload_optimizer, s.offload_param, s.precision) == (2, "cpu", "none", "bf16-mixed")
+    s = scenario([_dschat(tmp_path, "--zero_stage 3 --offload")])[0]
+    assert (s.offload_optimizer, s.offload_param) == ("cpu", "cpu")
+
+
+def test_deepspeed_chat_config_is_one_deepspeed_accepts():
+    from memfit.interfaces.formats import launch_dschat, validate
+
+    v = launch_dschat.values({"model_name_or_path": "m", "zero_stage": 3, "offload": True, "dtype": "bf16"}, "t")
+    doc = launch_dschat.ds_config(v)
+    doc["train_batch_size"] = 16 * 8  # main.py's micro-batch x world size x accumulation, on 8 GPUs
+    zero = validate.validate_deepspeed(json.dumps(doc), world_size=8).zero_config
+    assert zero.stage == 3 and zero.offload_param.device == "cpu" and zero.offload_optimizer.device == "cpu"
+
+
+@pytest.mark.parametrize("flags, needle", [
+    ("--lora_dim 8", "--lora_dim 8: "),
+    ("--dropout 0.1", "--dropout 0.1: "),
+])
+def test_deepspeed_chat_settings_memfit_does_not_model_are_not_read(tmp_path, flags, needle):
+    s = scenario([_dschat(tmp_path, flags)])[0]
+    assert len(s.unread) == 1 and needle in s.unread[0] and "not modelled" in s.unread[0]
+
+
+@pytest.mark.parametrize("flags, needle", [
+    ("--deepspeed_config ds.json", "main.py builds its own DeepSpeed config"),
+    ("--offload yes", "is a switch in main.py"),
+    ("--dtype fp32", "expected one of fp16, bf16"),
+    ("--zero_stage two", "--zero_stage"),
+])
+def test_deepspeed_chat_flags_main_py_would_reject_are_one_line(tmp_path, capsys, flags, needle):
+    assert main(["estimate", "--from", str(_dschat(tmp_path, flags)), *GPU]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("memfit: error:") and needle in err, err
+
+
+def test_deepspeed_chat_table_names_deepspeeds_own_flags():
+    """The flags deepspeed.add_config_arguments adds to main.py's parser are the table's (the installed DeepSpeed)."""
+    import deepspeed
+
+    from memfit.interfaces.formats import launch_dschat
+
+    parser = deepspeed.add_config_arguments(argparse.ArgumentParser())
+    added = {a.dest for a in parser._actions if a.option_strings and a.dest != "help"}
+    facts = launch_dschat.facts()
+    assert added == {k for k, v in facts["arguments"].items() if v.get("added_by")}
+    assert facts["repo"] and facts["path"].endswith("main.py") and len(facts["commit"]) == 40
+    assert set(facts["detect"]) <= set(facts["arguments"])
+
+
+def test_deepspeed_chat_flags_say_what_they_can_and_refuse_the_rest(launches):
+    from memfit.errors import MemfitError
+    from memfit.interfaces.formats.launch_sources import read_launch
+    from memfit.interfaces.formats.launch_write import write as write_launch
+
+    launch = read_launch([launches / "deepspeed_examples/run_llama2_7b.sh"], None)
+    files = write_launch(launch, {"offload_optimizer": "cpu", "offload_param": "cpu", "micro_batch": 2,
+                                  "grad_accum": 2})
+    new = files[0].new_text
+    assert "\n   --offload \\\n" in new and "--per_device_train_batch_size 2 " in new
+    assert "--gradient_accumulation_steps 2 " in new and len(files) == 1
+    assert read_configs(write_text(launches / "deepspeed_examples/new.sh", new)).knobs["offload_param"] == "cpu"
+    for knobs, needle in [({"offload_optimizer": "cpu"}, "moves the optimizer and the parameters"),
+                          ({"checkpointing": "off"}, "drop this switch"),
+                          ({"checkpointing": "every_n"}, "needs a code edit"),
+                          ({"engine": "fsdp"}, "always runs the DeepSpeed engine"),
+                          ({"zero_stage": 2}, "shell variable"),
+                          ({"loss": "liger"}, "no file of the launch can say")]:
+        with pytest.raises(MemfitError, match=needle):
+            write_launch(launch, knobs)
+
+
+def test_run_clm_reads_its_block_size_and_dtype(tmp_path):
+    """transformers' run_clm.py: --block_size is every row's length; --dtype float32 trains fp32 weights under
+    autocast; without --block_size, or with another model's config, the run is not the one memfit reads."""
+    def run_clm(flags: str):
+        path = write_text(tmp_path / "clm.sh", "torchrun --nproc_per_node 2 run_clm.py --model_name_or_path "
+                                               f"Qwen/Qwen2.5-1.5B --dataset_name wikitext --bf16 {flags}\n")
+        return scenario([path])[0]
+
+    s = run_clm("--block_size 512 --dtype float32")
+    assert (s.seq_len, s.padding, s.precision, s.unread) == (512, "padded", "bf16-mixed", ())
+    assert run_clm("--block_size 512").precision == "bf16-pure"  # the checkpoint's bf16 weights
+    unread = run_clm("").unread
+    assert len(unread) == 1 and "--block_size not given" in unread[0]
+    unread = run_clm("--block_size 512 --config_name gpt2").unread
+    assert len(unread) == 1 and "--config_name gpt2" in unread[0]
+
+
+def test_run_clm_table_holds_no_training_argument():
+    """run_clm.py's HfArgumentParser would refuse a field two dataclasses share: none is TrainingArguments'."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    from memfit.interfaces.formats import launch_run_clm
+
+    facts = launch_run_clm.facts()
+    assert not set(facts["arguments"]) & {f.name for f in dataclasses.fields(TrainingArguments)}
+    assert facts["path"].endswith("run_clm.py") and len(facts["commit"]) == 40
+
+
+def test_a_launcher_flag_is_added_before_the_script_on_the_launchers_own_line(tmp_path):
+    """accelerate's new flag goes where the launcher's flags are: before the script word on a one-line command,
+    as a line of its own before the script's line when the script starts a line."""
+    from memfit.interfaces.formats.launch_sources import read_launch
+    from memfit.interfaces.formats.launch_write import write as write_launch
+
+    one = write_text(tmp_path / "one.sh", "accelerate launch --use_deepspeed --zero_stage 2 train.py "
+                                          "--model_name_or_path meta-llama/Llama-2-7b-hf --bf16 true\n")
+    new = write_launch(read_launch([one], 8), {"offload_optimizer": "cpu"})[0].new_text
+    assert new.startswith("accelerate launch --use_deepspeed --zero_stage 2 --offload_optimizer_device cpu train.py ")
+    lines = write_text(tmp_path / "lines.sh", "accelerate launch --use_deepspeed --zero_stage 2 \\\n    train.py \\\n"
+                                              "    --model_name_or_path meta-llama/Llama-2-7b-hf --bf16 true\n")
+    new = write_launch(read_launch([lines], 8), {"offload_optimizer": "cpu"})[0].new_text
+    assert new.split("\n")[:3] == ["accelerate launch --use_deepspeed --zero_stage 2 \\",
+                                    "    --offload_optimizer_device cpu \\", "    train.py \\"]
 
 
 @pytest.mark.parametrize("script, gpus", [("hf/torchrun_run_clm.sh", 4), ("hf/deepspeed_num_gpus.sh", 2)])
@@ -135,11 +271,12 @@ def test_hf_program_with_deepspeed_json(launches, tmp_path, script, gpus):
     known = {k: v for k, v in flags.items() if k not in ("model_name_or_path", "dataset_name", "dataset_config_name",
                                                          "block_size")}
     known["deepspeed"] = str(launches.parent / "examples/hf" / known["deepspeed"])
+    rows = {"seq_len": flags["block_size"], "padding": "padded"} if "block_size" in flags else {}  # run_clm.py's own
     imported, notes = same_run(launches / script, [write(tmp_path, "args.json", known)], gpus,
-                               model=flags["model_name_or_path"])
-    assert imported.knobs["zero_stage"] == 2
+                               model=flags["model_name_or_path"], **rows)
+    assert imported.knobs["zero_stage"] == 2 and not imported.unread
     if "block_size" in flags:
-        assert any("--block_size 1024" in n and "memory setting" in n for n in notes)
+        assert any("--block_size 1024 tokens" in n for n in notes)
 
 
 def test_every_example_runs_through_the_cli(launches, capsys):
@@ -300,7 +437,9 @@ def test_fit_on_a_launch_writes_the_file_it_names(launches, capsys, monkeypatch,
     beside copies of the launch's other files, so it runs from there (tests/plan/test_fit_launch.py covers every
     launch form)."""
     monkeypatch.setenv("MEMFIT_PLAN_DEADLINE", "300")
-    code = main(["fit", str(launches / "llamafactory_lora_sft_ds3.sh"), "--gpu-mem", "8GiB", "--out", str(tmp_path / "o")])
+    script = launches / "llamafactory_lora_sft_ds3.sh"
+    capacity = cards.card(cards.from_file(str(script), gpu="rtx4090"), {"loss": "liger"})  # a key of the YAML
+    code = main(["fit", str(script), "--gpu", "rtx4090", *cards.gpu_mem(capacity), "--out", str(tmp_path / "o")])
     out = capsys.readouterr().out
     assert code == 0
     yaml = "examples/llamafactory/examples/train_lora/llama3_lora_sft_ds3.yaml"

@@ -6,6 +6,8 @@ through `memfit estimate --from` and `memfit fit` end to end.
   framework's own parser where it runs here (DeepSpeed, transformers/TRL, accelerate always; LLaMA-Factory with its
   venv; OpenRLHF with its cached wheels) and keep the global batch, packing and sequence length;
 - fit on a launch: the outcome the index records; what it writes re-reads to the plan and keeps the data of a step;
+- fit runs on a card derived for the outcome the index records (_card), so "fits" and "wrote" hold their meaning as
+  memfit's error bands move;
 - a property over the corpus: with --allow lora / 8bit, on other hardware, the data of a step stays the same.
 Runs offline: a model the catalog lacks is the one-line "not in the HF cache" error, never a download.
 """
@@ -18,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import cards
 from memfit.interfaces.cli.main import main
 from memfit.interfaces.formats import read_config, validate
 
@@ -37,6 +40,24 @@ def _hw(entry: dict, gpu: str | None = None, gpus: int | None = None) -> list[st
     count = gpus if gpus is not None else entry.get("gpus", 0 if entry["form"] == "launch" else 4)
     extra = ["--host-ram", entry["host_ram"]] if entry.get("host_ram") else []
     return ["--gpu", gpu or entry.get("gpu", "rtx4090"), *(["--gpus", str(count)] if count else []), *extra]
+
+
+def _card(entry: dict) -> list[str]:
+    """The index's hardware on a card derived from memfit's own verdict for the fit outcome the index records
+    (tests/cards.py), so the outcome keeps its meaning as the error bands move: "fits", the smallest card on
+    which the file as written fits, plus a little; "wrote", one grid step under it, where the file as written is
+    tight and a change it can say that saves memory fits. An error outcome is about the index's own card, and a
+    run no card makes fit (host RAM decides) keeps it too. Call it from the launch folder (_in_cwd)."""
+    hw = _hw(entry)
+    if entry["fit"] not in ("fits", "wrote"):
+        return hw
+    count = entry.get("gpus", 0 if entry["form"] == "launch" else 4)
+    run = cards.from_file(str(HERE / entry["path"]), model=entry.get("model"), gpu=entry.get("gpu", "rtx4090"),
+                          gpus_per_node=count or None, host_ram=entry.get("host_ram"))
+    if cards.verdict(run, cards.LARGEST) != "fits":
+        return hw
+    smallest = cards.smallest_fitting(run)
+    return hw + cards.gpu_mem(smallest + cards.SLACK if entry["fit"] == "fits" else smallest - cards.STEP)
 
 
 @pytest.fixture(autouse=True)
@@ -146,23 +167,24 @@ def _openrlhf_accepts(imported) -> None:
     validate_openrlhf.validate_openrlhf(orl.arguments(imported), imported.variant, imported.doc.script)
 
 
-def _reads_back_as_the_plan(entry, written: Path, out: str, capsys) -> None:
+def _reads_back_as_the_plan(entry, written: Path, out: str, capsys, hw: list[str]) -> None:
     planned = float(PLAN.search(out).group(2))
     model = [entry["model"]] if entry.get("model") else []
-    assert main(["estimate", *model, "--from", str(written), *_hw(entry), "--json"]) == 0
+    assert main(["estimate", *model, "--from", str(written), *hw, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["verdict"] in ("fits", "tight")
     assert abs(doc["per_rank"]["device_total"]["peak_bytes"] / 2**30 - planned) <= max(0.5, 0.02 * planned)
 
 
 def _fit(entry, tmp_path, monkeypatch, capsys, *extra: str, hw: list[str] | None = None):
-    """(exit code, stdout, stderr, the --out folder)"""
+    """(exit code, stdout, stderr, the --out folder, the hardware words: `hw`, else the derived card)"""
     path = _in_cwd(entry, monkeypatch)
     model = ["--model", entry["model"]] if entry.get("model") else []
     out = tmp_path / "out"
-    code = main(["fit", str(path), *model, *(hw or _hw(entry)), *extra, "--out", str(out)])
+    hw = hw or _card(entry)
+    code = main(["fit", str(path), *model, *hw, *extra, "--out", str(out)])
     got = capsys.readouterr()
-    return code, got.out, got.err, out
+    return code, got.out, got.err, out, hw
 
 
 CONFIGS = [e for e in INDEX if e["form"] != "launch"]
@@ -173,7 +195,7 @@ LAUNCHES = [e for e in INDEX if e["form"] == "launch"]
 def test_fit_leaves_it_writes_what_reads_back_and_parses_or_names_the_gap(entry, tmp_path, monkeypatch, capsys):
     path = HERE / entry["path"]
     gpus = int(_hw(entry)[3])
-    code, out, err, folder = _fit(entry, tmp_path, monkeypatch, capsys)
+    code, out, err, folder, hw = _fit(entry, tmp_path, monkeypatch, capsys)
     if entry["fit"].startswith("error: "):
         _one_line_error(err, code, entry["fit"][len("error: "):])
         assert not folder.exists()
@@ -187,7 +209,7 @@ def test_fit_leaves_it_writes_what_reads_back_and_parses_or_names_the_gap(entry,
     if not written.exists():  # only a code edit changes (OpenRLHF pin_memory): the command stays as it is
         assert list(folder.glob(f"{path.name}.code-edit.txt")), out
         return
-    _reads_back_as_the_plan(entry, written, out, capsys)
+    _reads_back_as_the_plan(entry, written, out, capsys, hw)
     before, after = read_config(path, gpus=gpus), read_config(written, gpus=gpus)
     assert _data(after, gpus) == _data(before, gpus)
     if entry.get("parser_rejects_original"):  # the recipe's own keys are for another release: fit adds no rejection
@@ -205,7 +227,7 @@ def test_fit_on_a_launch_writes_what_reads_back_as_the_plan_or_names_the_gap(ent
     """The launch's files are written under --out in the launch's own layout, so the rewritten launch follows
     its rewritten companions; re-read, it is the plan and trains on the same data per step."""
     path = HERE / entry["path"]
-    code, out, err, folder = _fit(entry, tmp_path, monkeypatch, capsys)
+    code, out, err, folder, hw = _fit(entry, tmp_path, monkeypatch, capsys)
     if entry["fit"].startswith("error: "):
         _one_line_error(err, code, entry["fit"][len("error: "):])
         return
@@ -214,7 +236,7 @@ def test_fit_on_a_launch_writes_what_reads_back_as_the_plan_or_names_the_gap(ent
     assert folder.exists() == (entry["fit"] == "wrote"), out
     if entry["fit"] == "wrote":
         written, = folder.rglob(path.name)
-        _reads_back_as_the_plan(entry, written, out, capsys)
+        _reads_back_as_the_plan(entry, written, out, capsys, hw)
         per_gpu = _data(read_config(written), 1), _data(read_config(path), 1)  # the launcher's GPU count stays
         assert per_gpu[0] == per_gpu[1], per_gpu
 
@@ -235,7 +257,7 @@ def test_fit_keeps_global_batch_packing_and_length_over_the_corpus(entry, hw, al
         before = read_config(path, gpus=gpus)
     except Exception:  # noqa: BLE001 - the file's own batch disagrees with this GPU count (DeepSpeed refuses it too)
         return
-    code, _, _, folder = _fit(entry, tmp, monkeypatch, capsys, *(["--allow", allow] if allow else []),
+    code, _, _, folder, _ = _fit(entry, tmp, monkeypatch, capsys, *(["--allow", allow] if allow else []),
                            hw=_hw(entry, *hw))
     if code != 0 or not (folder / path.name).exists():
         return  # nothing the file can say fits (one line, nothing written), it fits already, or a code edit only

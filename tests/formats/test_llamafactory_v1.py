@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import cards
 from memfit.errors import MemfitError
 from memfit.interfaces.cli.main import main
 from memfit.interfaces.formats import detect_format, read_config, write_config_files
@@ -193,13 +194,18 @@ def test_an_accumulation_needs_the_gpu_count():
     assert "global_batch_size" not in write_config_files(imported, {**imported.knobs, "micro_batch": 2})[0].new_text
 
 
-# each example on hardware where it does not fit: fit writes what re-reads to the plan
-FITS = [("lora_sft_fsdp2.yaml", ["--gpu-mem", "12GiB"], ["--allow", "qlora"]),
-        ("lora_sft_fsdp2.yaml", ["--gpu-mem", "14GiB"], []),
-        ("full_deepspeed_z3.yaml", ["--gpu", "rtx3090", "--gpus", "2"], []),
-        ("qlora_fsdp2.yaml", ["--gpu-mem", "10GiB"], []),
-        ("freeze_sft.yaml", ["--gpu-mem", "10GiB"], []),
-        ("full_fsdp2_padding_free.yaml", ["--gpu", "rtx4090"], [])]
+# each example where it does not fit: fit writes what re-reads to the plan. The hardware is a real card where a plan
+# fits (change None), or a card derived from memfit's own verdict (tests/cards.py): the smallest on which `change`,
+# a plan the file can say, fits and neither the file as written nor any change of `not_enough` does, so each row
+# keeps its plan as the error bands move
+ZERO3_OFFLOAD = {"engine": "deepspeed", "zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"}
+FITS = [("lora_sft_fsdp2.yaml", [], {"tuning": "qlora"}, (), ["--allow", "qlora"]),  # writes a quant_config block
+        # fsdp2 -> DeepSpeed: writes the JSON the new dist_config names (FSDP2's own offload does not fit there)
+        ("freeze_sft.yaml", [], ZERO3_OFFLOAD, ({"fsdp_cpu_offload": True},), []),
+        ("full_deepspeed_z3.yaml", ["--gpu", "rtx3090", "--gpus", "2"], None, (), []),
+        ("qlora_fsdp2.yaml", [], {"micro_batch": 1, "grad_accum": 2}, (), []),  # writes global_batch_size
+        ("freeze_sft.yaml", [], {"fsdp_cpu_offload": True}, (), []),  # writes dist_config.offload_params
+        ("full_fsdp2_padding_free.yaml", ["--gpu", "rtx4090"], None, (), [])]
 PLAN = re.compile(r"-> (fits|tight) \(([\d.]+) GiB")
 
 
@@ -209,10 +215,21 @@ def _step(imported, gpus: int) -> tuple:
     return k["micro_batch"] * k.get("grad_accum", 1) * gpus, k["padding"], k["seq_len"]
 
 
-@pytest.mark.parametrize("name, hardware, extra", FITS, ids=[f"{n}-{'-'.join(h + e)}" for n, h, e in FITS])
-def test_fit_writes_what_reads_back_as_the_plan(name, hardware, extra, tmp_path, monkeypatch, capsys):
+def _hardware(name: str, hardware: list[str], change: dict | None, not_enough: tuple) -> list[str]:
+    """The row's hardware words: on a card derived for `change` (one custom GPU) when the row has one."""
+    if change is None:
+        return hardware
+    run = cards.from_file(name, gpu_mem="80GiB")  # any size: card() sets the capacity
+    return cards.gpu_mem(cards.card(run, change, not_enough))
+
+
+@pytest.mark.parametrize("name, hardware, change, not_enough, extra", FITS,
+                         ids=[f"{n}-{'-'.join(h + list(c or ()) + e)}" for n, h, c, _, e in FITS])
+def test_fit_writes_what_reads_back_as_the_plan(name, hardware, change, not_enough, extra, tmp_path, monkeypatch,
+                                                capsys):
     """(a) the written file estimates as planned, (b) one step trains on the same data, (c) v1's parser takes it."""
     monkeypatch.chdir(HERE)
+    hardware = _hardware(name, hardware, change, not_enough)
     gpus = int(hardware[hardware.index("--gpus") + 1]) if "--gpus" in hardware else 1
     code = main(["fit", name, *hardware, *extra, "--out", str(tmp_path)])
     out = capsys.readouterr().out
@@ -225,6 +242,8 @@ def test_fit_writes_what_reads_back_as_the_plan(name, hardware, extra, tmp_path,
     assert abs(doc["per_rank"]["device_total"]["peak_bytes"] / 2**30 - planned) <= max(0.5, 0.02 * planned)
     before, after = read_config(HERE / name, gpus=gpus), read_config(written, gpus=gpus)
     assert after.variant == "v1" and _step(after, gpus) == _step(before, gpus)
+    if not_enough:  # the card leaves the plan no other way: the written file says the change
+        assert {k: after.knobs.get(k) for k in change} == change, after.knobs
     if (validate.LLAMAFACTORY_VENV / "bin" / "python").exists():  # v1's own parser, where it runs here
         from memfit.interfaces.formats import validate_llamafactory_v1
         parsed = validate_llamafactory_v1.validate_llamafactory_v1(yaml.safe_load(written.read_text()))

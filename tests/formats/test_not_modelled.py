@@ -73,3 +73,62 @@ def test_the_estimate_lists_galore_under_assumptions(tmp_path, capsys):
     assert main(["estimate", "--from", str(path), "--gpu", "a100-80gb", "--gpus", "8", "--json"]) == 0
     listed = [a for a in json.loads(capsys.readouterr().out)["assumptions"] if "use_galore" in a]
     assert len(listed) == 1 and "not modelled" in listed[0]
+
+
+# --- issue 27: a setting that can raise memory caps the verdict; one that can only lower it does not ---------------
+
+ERRS = {"high": "only lowers memory", "low": "raises device memory", "host": "raises host RAM",
+        "either": "not checked, or both ways"}
+
+
+def _all_entries():
+    return [(fmt, key) for fmt, rows in table("not_modelled").items() if isinstance(rows, dict)
+            for key in rows if not key.startswith("_")]
+
+
+@pytest.mark.parametrize("fmt, key", _all_entries())
+def test_each_entry_says_which_way_memfit_errs_and_its_text_agrees(fmt, key):
+    entry = table("not_modelled")[fmt][key]
+    assert entry["errs"] in ERRS
+    text = entry["memfit"].lower()
+    device_low = "too low" in text.replace("host ram too low", "")
+    if device_low:  # memfit's number can be under the real one on the GPU: it must cap
+        assert entry["errs"] in ("low", "either"), (fmt, key)
+    elif "host ram too low" in text:  # under on host RAM only: it caps where host RAM is judged
+        assert entry["errs"] in ("host", "either"), (fmt, key)
+    if entry["errs"] == "high":
+        assert "high" in text and "not checked" not in text and "too low" not in text, (fmt, key)
+
+
+def _estimate(tmp_path, capsys, extra: str, *more: str) -> dict:
+    path = tmp_path / "train.yaml"
+    path.write_text(LF_YAML.replace("finetuning_type: full", "finetuning_type: lora") + extra)  # room to spare
+    assert main(["estimate", "--from", str(path), "--gpu", "h200", "--gpus", "8", *more, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("key", [k for k in table("not_modelled")["llamafactory"]])
+def test_a_setting_that_can_raise_memory_makes_the_verdict_at_most_tight(tmp_path, capsys, key):
+    """On a card with room to spare: "fits" stands for what only lowers memory, "tight" (with the reason under
+    assumed) for what can raise it; host RAM only when it is judged."""
+    entry = table("not_modelled")["llamafactory"][key]
+    value = _on_value("llamafactory", key)
+    doc = _estimate(tmp_path, capsys, f"{key}: {json.dumps(value)}\n")
+    reasons = [a for a in doc["assumptions"] if a.startswith("not read:") and f"{key}=" in a]
+    capped = entry["errs"] in ("low", "either")
+    assert doc["verdict"] == ("tight" if capped else "fits") and len(reasons) == capped, doc["verdict"]
+    if entry["errs"] == "host":
+        judged = _estimate(tmp_path, capsys, f"{key}: {json.dumps(value)}\n", "--host-ram", "2TiB")
+        assert judged["verdict"] == "tight"
+
+
+def test_plan_and_fit_call_no_row_fits_for_a_run_with_an_unread_setting(tmp_path, capsys):
+    path = tmp_path / "train.yaml"
+    path.write_text(LF_YAML.replace("finetuning_type: full", "finetuning_type: lora") + "use_unsloth: true\n")
+    assert main(["plan", "--from", str(path), "--gpu", "h200", "--gpus", "8", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    verdicts = [r["verdict"] for r in plan.get("rows", [])] + [plan["start"]["verdict"]]
+    assert "fits" not in verdicts and "tight" in verdicts
+    assert main(["fit", str(path), "--gpu", "h200", "--gpus", "8", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "not read:" in err and "use_unsloth" in err and not (tmp_path / "o").exists()

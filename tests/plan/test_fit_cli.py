@@ -1,6 +1,7 @@
 """`memfit fit` and `memfit estimate --from`: the user's own file in, the same format out, and it fits."""
 from pathlib import Path
 
+import cards
 from memfit.interfaces.cli.main import main
 from memfit.interfaces.formats import read_config
 
@@ -100,9 +101,14 @@ def test_fit_rewrites_an_openrlhf_dpo_command_with_flash_attention(tmp_path, cap
 
 
 def test_fit_again_into_the_same_out_folder_keeps_the_file_it_created_there(tmp_path, capsys):
-    """A plan that needs a new DeepSpeed JSON writes it into --out; a second fit there finds it, not the user's."""
+    """A plan that needs a new DeepSpeed JSON writes it into --out; a second fit there finds it, not the user's.
+    The card: where ZeRO-2 with optimizer offload fits and ZeRO-2 alone does not (FSDP2's own offload fits there
+    too, far slower: the plan takes the DeepSpeed file)."""
     v1 = Path(__file__).resolve().parents[1] / "formats" / "llamafactory_v1_examples" / "freeze_sft.yaml"
-    args = ["fit", str(v1), "--gpu-mem", "10GiB", "--out", str(tmp_path)]
+    zero2 = {"engine": "deepspeed", "zero_stage": 2}
+    capacity = cards.card(cards.from_file(str(v1), gpu_mem="80GiB"), zero2 | {"offload_optimizer": "cpu"},
+                          not_enough=(zero2,))
+    args = ["fit", str(v1), *cards.gpu_mem(capacity), "--out", str(tmp_path)]
     assert main(args) == 0
     created = [p for p in tmp_path.iterdir() if p.suffix == ".json"]
     assert created, capsys.readouterr().out

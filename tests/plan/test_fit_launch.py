@@ -2,39 +2,96 @@
 stated (a command-line word over the file it overrides), as one change set, and the whole launch read back is the
 plan. Runs on copies of tests/formats/launch_examples beside the config examples they name."""
 import errno
+import functools
 import json
 import os
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
+import cards
 from memfit.errors import MemfitError
 from memfit.interfaces.cli.main import main
 
 FORMATS = Path(__file__).resolve().parents[1] / "formats"
 RTX = ["--gpu", "rtx4090"]
-# every launch form, with a GPU on which it does not fit as written, and the files fit must change (relative to the
-# copied tests/formats folder): the script where a word states the value, the files it names otherwise
 AH, TRL = "launch_examples/alignment_handbook", "launch_examples/trl"
+OFFLOAD = {"offload_optimizer": "cpu"}
+OFFLOAD_BOTH = {"offload_optimizer": "cpu", "offload_param": "cpu"}
+
+
+def _micro_one(run) -> dict:
+    """Micro-batch 1 at the run's global batch."""
+    return {"micro_batch": 1, "grad_accum": run.micro_batch * run.grad_accum}
+
+
+@dataclass(frozen=True)
+class Form:
+    """A launch form: its GPU, the files fit must change (relative to the copied tests/formats folder: the script
+    where a word states the value, the files it names otherwise) and the change that makes it fit. The card is
+    derived (tests/cards.py): the smallest on which the change fits and the launch as written does not, nor
+    with any change of `not_enough` (what would fit by touching fewer of the files)."""
+
+    gpu: list[str]
+    expected: set[str]
+    change: Callable  # run -> knobs
+    not_enough: Callable = lambda run: ()  # run -> (knobs, ...)
+    fit_args: tuple[str, ...] = ()
+
+
+def _offload(run) -> dict:
+    """The most a DeepSpeed file moves to the CPU: the optimizer, and under ZeRO-3 the parameters too."""
+    return OFFLOAD_BOTH if run.zero_stage == 3 else OFFLOAD
+
+
+def _both(run) -> dict:
+    """A smaller micro-batch (a script word) and the offload (a DeepSpeed setting in another file)."""
+    return _micro_one(run) | _offload(run)
+
+
+def _either(run) -> tuple[dict, ...]:
+    return _micro_one(run), OFFLOAD, _offload(run)
+
+
 FORMS = {
-    "llamafactory_lora_sft_ds3.sh": (RTX + ["--gpu-mem", "8GiB"],  # llamafactory-cli train X.yaml
-                                     {"examples/llamafactory/examples/train_lora/llama3_lora_sft_ds3.yaml"}),
-    "llamafactory_overrides.sh": (RTX, {"launch_examples/llamafactory_overrides.sh",  # key=value over the YAML
-                                        "examples/llamafactory/examples/train_lora/llama3_lora_sft.yaml"}),
-    "alignment_handbook/launch_sft.sh": (RTX, {f"{AH}/launch_sft.sh",  # accelerate launch --config_file
-                                               f"{AH}/recipes/accelerate_configs/zero3.yaml"}),
-    "deepspeed_examples/run_llama2_7b.sh": (RTX, {"launch_examples/deepspeed_examples/run_llama2_7b.sh"}),
-    "hf/deepspeed_num_gpus.sh": (["--gpu", "a100-80gb"], {"launch_examples/hf/deepspeed_num_gpus.sh",
-                                                          "examples/hf/ds_config_zero2.json"}),
-    "hf/torchrun_run_clm.sh": (RTX, {"launch_examples/hf/torchrun_run_clm.sh", "examples/hf/ds_config_zero2.json"}),
-    "trl/dpo_module.sh": (RTX + ["--gpu-mem", "1.95GiB"], {"launch_examples/trl/dpo_module.sh"}),  # python -m
-    "trl/sft_cli.txt": (RTX + ["--gpu-mem", "8GiB"], {"launch_examples/trl/sft_cli.txt",  # trl sft --config
-                                                      "launch_examples/trl/examples/cli_configs/example_config.yaml"}),
-    "trl/sft_zero3.sh": (RTX + ["--gpu-mem", "3GiB"], {f"{TRL}/sft_zero3.sh",
-                                                       f"{TRL}/examples/accelerate_configs/deepspeed_zero3.yaml"}),
+    # llamafactory-cli train X.yaml: a key of the YAML (Liger's loss), not the DeepSpeed JSON it names (offload)
+    "llamafactory_lora_sft_ds3.sh": Form(RTX, {"examples/llamafactory/examples/train_lora/llama3_lora_sft_ds3.yaml"},
+                                         lambda run: {"loss": "liger"}),
+    # key=value over the YAML: the micro-batch where the script says it, the accumulation in the YAML
+    "llamafactory_overrides.sh": Form(RTX, {"launch_examples/llamafactory_overrides.sh",
+                                            "examples/llamafactory/examples/train_lora/llama3_lora_sft.yaml"}, _micro_one),
+    # accelerate launch --config_file: the micro-batch on the script's line, the offload in accelerate's config
+    "alignment_handbook/launch_sft.sh": Form(RTX, {f"{AH}/launch_sft.sh", f"{AH}/recipes/accelerate_configs/zero3.yaml"},
+                                             _both, _either),
+    # DeepSpeed-Chat's own flags: --offload added to the script (its ZeRO stage is a shell variable)
+    "deepspeed_examples/run_llama2_7b.sh": Form(RTX, {"launch_examples/deepspeed_examples/run_llama2_7b.sh"},
+                                                lambda run: OFFLOAD_BOTH),
+    "hf/deepspeed_num_gpus.sh": Form(["--gpu", "a100-80gb"], {"launch_examples/hf/deepspeed_num_gpus.sh",
+                                                              "examples/hf/ds_config_zero2.json"}, _both, _either),
+    "hf/torchrun_run_clm.sh": Form(RTX, {"launch_examples/hf/torchrun_run_clm.sh", "examples/hf/ds_config_zero2.json"},
+                                   _both, _either),
+    "trl/dpo_module.sh": Form(RTX, {"launch_examples/trl/dpo_module.sh"}, _micro_one),  # python -m
+    # trl sft --config: no setting its command line states lowers this run's memory (a smaller micro-batch adds
+    # accumulation); the 8-bit optimizer goes in the config file. The planner tries each optimizer first at its
+    # least-memory activations (micro-batch 1): the card holds it there
+    "trl/sft_cli.txt": Form(RTX, {f"{TRL}/examples/cli_configs/example_config.yaml"},
+                            lambda run: _micro_one(run) | {"optimizer": "adamw-8bit"}, fit_args=("--allow", "8bit")),
+    # accelerate launch --config_file with a ZeRO-3 config: the offload there (a 0.5B model under a 12 GiB band:
+    # the script's micro-batch saves too little to be told apart from it)
+    "trl/sft_zero3.sh": Form(RTX, {f"{TRL}/examples/accelerate_configs/deepspeed_zero3.yaml"}, lambda run: OFFLOAD_BOTH),
 }
+
+
+@functools.cache
+def _hardware(relative: str) -> tuple[str, ...]:
+    """The form's GPU on its derived card."""
+    form = FORMS[relative]
+    run = cards.from_file(str(FORMATS / "launch_examples" / relative), gpu=form.gpu[1])
+    return (*form.gpu, *cards.gpu_mem(cards.card(run, form.change(run), form.not_enough(run))))
 
 
 @pytest.fixture
@@ -80,11 +137,11 @@ def _words_only(old: str, new: str) -> None:
 
 @pytest.mark.parametrize("relative", sorted(FORMS))
 def test_every_launch_form_is_fitted_in_place_and_reads_back_as_the_plan(tree, capsys, relative):
-    hw, expected = FORMS[relative]
+    hw, expected, extra = list(_hardware(relative)), FORMS[relative].expected, FORMS[relative].fit_args
     script = tree / "launch_examples" / relative
     before = _snapshot(tree)
     assert _estimate(capsys, script, hw)["verdict"] in ("oom", "tight")
-    assert _fit(script, hw, "--in-place") == 0, capsys.readouterr().err
+    assert _fit(script, hw, "--in-place", *extra) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     start, verdict, gib = _plan(out)
     assert start in ("oom", "tight") and verdict == "fits"
@@ -98,7 +155,7 @@ def test_every_launch_form_is_fitted_in_place_and_reads_back_as_the_plan(tree, c
     again = _estimate(capsys, script, hw)  # the whole launch, re-read from disk
     assert again["verdict"] == "fits"
     assert abs(again["per_rank"]["device_total"]["peak_bytes"] / 2**30 - gib) < 0.02 * 24
-    assert _fit(script, hw, "--in-place") == 0  # a second run: already fits, nothing written
+    assert _fit(script, hw, "--in-place", *extra) == 0  # a second run: already fits, nothing written
     assert "nothing to change, nothing written" in capsys.readouterr().out
     assert _snapshot(tree) == after
 
@@ -120,20 +177,23 @@ def test_on_the_examples_gpu_a_launch_that_fits_is_left_alone(tree, capsys, rela
 
 def test_out_keeps_the_launch_layout_and_touches_nothing(tree, capsys):
     script = tree / "launch_examples" / "hf" / "torchrun_run_clm.sh"
+    hw = list(_hardware("hf/torchrun_run_clm.sh"))
     before = _snapshot(tree)
-    assert _fit(script, RTX, "--out", str(tree / "out")) == 0
+    assert _fit(script, hw, "--out", str(tree / "out")) == 0
     assert _snapshot(tree / "launch_examples") == {k[len("launch_examples/"):]: v for k, v in before.items()
                                                    if k.startswith("launch_examples/")}
     written = _snapshot(tree / "out")
     assert set(written) == {"launch_examples/hf/torchrun_run_clm.sh", "examples/hf/ds_config_zero2.json"}
     shutil.copytree(tree / "out", tree, dirs_exist_ok=True)  # the set applied over the tree reads back as the plan
-    assert _estimate(capsys, script, RTX)["verdict"] == "fits"
+    assert _estimate(capsys, script, hw)["verdict"] == "fits"
 
 
 def test_several_from_files_are_one_change_set(tree, capsys):
     recipes = tree / "launch_examples" / "alignment_handbook" / "recipes"
     files = [recipes / "zephyr-7b-beta" / "sft" / "config_full.yaml", recipes / "accelerate_configs" / "zero3.yaml"]
-    hw = RTX + ["--gpus", "8"]
+    # a card on which the plan needs both the offload (zero3.yaml) and a smaller micro-batch (config_full.yaml)
+    run = cards.from_file([str(f) for f in files], gpu="rtx4090", gpus_per_node=8)
+    hw = RTX + ["--gpus", "8", *cards.gpu_mem(cards.card(run, _both(run), _either(run)))]
     args = [x for f in files for x in ("--from", str(f))]
     assert main(["fit", *args, *hw, "--in-place"]) == 0, capsys.readouterr().err
     assert _plan(capsys.readouterr().out)[1] == "fits"

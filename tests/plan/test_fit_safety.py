@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import cards
 from memfit.errors import MemfitError
 from memfit.interfaces.cli.main import main
 from memfit.interfaces.files import FileWrite, write_files
@@ -314,8 +315,12 @@ def test_fit_writes_the_command_and_its_code_edit_together_or_not_at_all(tmp_pat
     """OpenRLHF: the command and FILE.code-edit.txt are one change set; the second rename fails."""
     command = tmp_path / "qwen25_72b_offload.sh"
     command.write_bytes((EXAMPLES / "openrlhf" / command.name).read_bytes())
-    # packing allowed: the plan then changes flags of the command too (without it only the code edit changes)
-    args = ["--gpu", "a100-80gb", "--gpus", "8", "--host-ram", "1.4TB", "--allow", "packing"]
+    # a card with room for two packed rows per micro-batch beside the host fix (pin_memory, ratio: the code edit):
+    # the plan then changes flags of the command too (packing allowed; without it only the code edit changes)
+    run = cards.from_file(str(command), gpu="a100-80gb", gpus_per_node=8, host_ram="1.4TB")
+    two_packed = {"micro_batch": 2, "grad_accum": run.grad_accum // 2, "padding": "padding_free"}
+    capacity = cards.card(run, {"pin_memory": False, "ratio": 0.7} | two_packed)
+    args = ["--gpu", "a100-80gb", "--gpus", "8", "--host-ram", "1.4TB", *cards.gpu_mem(capacity), "--allow", "packing"]
     before = _snapshot(tmp_path)
     real_replace, calls = os.replace, []
 

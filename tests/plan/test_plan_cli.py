@@ -3,7 +3,9 @@ import json
 
 import pytest
 
+import cards
 from memfit.errors import MemfitError
+from memfit.interfaces.cli.args import scenario_from_args
 from memfit.interfaces.cli.main import build_parser
 
 QWEN = ["plan", "Qwen/Qwen2-7B-Instruct", "--gpu", "rtx4090", "--gpus", "4", "--profile", "openrlhf", "--tuning",
@@ -53,7 +55,9 @@ QWEN72 = ["plan", "Qwen/Qwen2.5-72B-Instruct", "--gpu", "a100-80gb", "--gpus", "
 
 
 def test_dpo_plan_json_leads_with_flash_attention(capsys):
-    assert run(GLM_DPO + ["--json"]) == 0
+    """On a card where flash attention alone makes the DPO run fit (tests/cards.py), it is the whole plan."""
+    base = scenario_from_args(build_parser().parse_args(GLM_DPO))
+    assert run(GLM_DPO + cards.gpu_mem(cards.card(base, {"attention": "flash"})) + ["--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["method"] == "dpo" and doc["start"]["verdict"] == "oom"
     first = doc["rows"][0]
@@ -81,3 +85,20 @@ def test_without_code_edits_the_72b_run_has_no_plan_and_its_resume_needs_ratio(c
     for r in rows:
         ratio = [c for c in r["changes"] if c["knob"] == "ratio"]
         assert ratio and ratio[0]["after"] < 1 and ratio[0]["code_edit"]
+
+
+def test_a_run_with_an_unread_setting_says_why_nothing_fits_and_what_to_do(tmp_path, capsys):
+    """A memory flag no reader reads caps every estimate at "tight" (issue 27): the plan names it and the next step,
+    not "try --allow", which could not help."""
+    launch = tmp_path / "train.sh"
+    launch.write_text("python train.py --model_name_or_path Qwen/Qwen2.5-0.5B --per_device_train_batch_size 2 "
+                      "--max_seq_len 4096 --bf16 true\n")
+    assert run(["plan", "--from", str(launch), "--gpu", "h100"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps at the terminal width
+    assert "no configuration can be called fits" in out and "--allow" not in out
+    assert "not read: " in out and "--max_seq_len 4096" in out
+    assert "next: state each setting in a form memfit reads" in out and "closest:" not in out
+    assert run(["plan", "--from", str(launch), "--gpu", "h100", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["rows"] == [] and doc["closest_miss"] is None
+    assert len(doc["not_read"]) == 1 and "--max_seq_len 4096" in doc["not_read"][0]

@@ -193,3 +193,16 @@ def test_bad_values_name_their_field(client):
     refused(client.post("/api/export", json=QWEN | {"format": "exe"}), 422, "format", "choose one of")
     refused(client.post("/api/plan", json=QWEN | {"top": -1}), 422, "top", "positive")
     refused(client.get("/api/nothing"), 404, None, "not found")
+
+
+def test_an_imported_setting_memfit_cannot_read_caps_the_web_verdict_as_on_the_command_line(client):
+    # NEFTune may raise memory (not modelled): the CLI caps the verdict; the page sends /api/import's "unread" back
+    text = LLAMA_YAML.read_text() + "neftune_noise_alpha: 5\n"
+    doc = client.post("/api/import", json={"name": "train.yaml", "text": text}).json()
+    assert doc["unread"] and all("neftune" in line for line in doc["unread"])
+    body = {"model": doc["model"], "gpu": "a100-80gb", **doc["knobs"], "profile": doc["profile"]}
+    assert client.post("/api/estimate", json=body).json()["verdict"] == "fits"
+    capped = client.post("/api/estimate", json=body | {"unread": doc["unread"]}).json()
+    assert capped["verdict"] == "tight" and any(a.startswith("not read:") for a in capped["assumptions"])
+    bad = client.post("/api/estimate", json=body | {"unread": "neftune"})
+    assert bad.status_code == 422 and bad.json()["field"] == "unread"

@@ -169,8 +169,10 @@ def scenario_and_file(a: argparse.Namespace, hw=None):
     s = build_scenario(find_model(model), hw, given, profile or "hf-trainer", typed=typed,
                        versions=framework_versions(getattr(a, "framework_version", None)))
     if imported is not None:
-        notes = list(dict.fromkeys(notes + file_notes(imported)))
-        s = replace(s, assumed=s.assumed + tuple(notes))
+        unread = file_unread(imported, host=hw.host_ram is not None)
+        # an unread setting is printed once, as the estimate's "not read" line (it caps the verdict there)
+        notes = [n for n in dict.fromkeys(notes + file_notes(imported)) if n not in unread]
+        s = replace(s, assumed=s.assumed + tuple(notes), unread=tuple(unread))
     return s, imported, notes
 
 
@@ -210,6 +212,16 @@ def file_notes(imported) -> list[str]:
     for companion in imported.companions.values():
         out += file_notes(companion)
     return out
+
+
+def file_unread(imported, host: bool) -> list[str]:
+    """The memory settings of a file (and of the files it names) that no reader reads and that can raise memory:
+    each caps the run's verdict at "tight" (Scenario.unread); those on host RAM alone only when `host` RAM is
+    judged (--host-ram)."""
+    out = list(imported.unread) + (list(imported.unread_host) if host else [])
+    for companion in imported.companions.values():
+        out += file_unread(companion, host)
+    return list(dict.fromkeys(out))
 
 
 def blank_arguments() -> dict:

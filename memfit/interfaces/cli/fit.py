@@ -59,6 +59,11 @@ def run_fit(a: argparse.Namespace) -> int:
                                  "gpu_mem": a.gpu_mem, "gpus_per_node": a.gpus_per_node, "nodes": a.nodes,
                                  "host_ram": a.host_ram})
     base, imported, notes = scenario_and_file(args)
+    if base.unread:  # no plan of a run memfit does not read whole is "fits" (planner/search.py judge)
+        raise MemfitError(f"not read: {base.unread[0]}"  # the line names the file
+                          + (f" (and {len(base.unread) - 1} more)" if len(base.unread) > 1 else "")
+                          + "; memfit fit rewrites only a run it reads whole: state the setting in a form memfit "
+                          "reads or take it out (memfit estimate --from shows the estimate without it)")
     allow, kept = fit_allow(a.allow.split(","))
     options = Options(code_edits=not a.no_code_edits, resume=not a.no_resume)
     folder = None if a.in_place else Path(a.out)
@@ -83,8 +88,19 @@ def run_fit(a: argparse.Namespace) -> int:
             return False
         return True
 
-    best, files = _search(base, imported, allow, kept, a.global_batch, options, old, io, says, refusals)
     given = {f"{r}_model": getattr(a, f"{r}_model") for r in ROLES if getattr(a, f"{r}_model")}  # not the file's
+
+    def keeps_the_step(files, row) -> None:
+        """The files as written train on the plan's data per step (a writer that drops the accumulation it cannot
+        hold, accelerate's deepspeed_config leaving for FSDP, would change the global batch): else refused."""
+        written, planned = _step_of(_written_run(imported, io.reread(files), row, given)), _step_of(row.scenario)
+        if written != planned:
+            raise MemfitError(f"{imported.name}: rewritten for this plan, the files would train on {written[0]} rows "
+                              f"per step ({written[1]}, {written[2]} tokens), not the plan's {planned[0]} "
+                              f"({planned[1]}, {planned[2]}): they cannot hold one of its settings")
+
+    best, files = _search(base, imported, allow, kept, a.global_batch, options, old, io, (says, keeps_the_step),
+                          refusals)
     _check_written(imported, io.reread(files), best, options.resume, given)
     print(f"{imported.name}: {now.verdict} ({gib(now.device_peak_bytes)} GiB per GPU) -> "
           f"{best.verdict} ({gib(best.device_peak_bytes)} GiB, {best.tokens_per_second:,.0f} tokens/s)")
@@ -121,20 +137,21 @@ def _print_notes(notes: list[str]) -> None:
         print(f"  note: {note}")
 
 
-def _search(base, imported, allow, kept, global_batch, options, old, io, says, refusals):
-    """The fastest plan the files can say: the search tries only settings they can say (Keep.expressible);
-    a combination the writer still refuses sends it on to the next rows."""
+def _search(base, imported, allow, kept, global_batch, options, old, io, checks, refusals):
+    """The fastest plan the files can say: the search tries only settings they can say (Keep.expressible, the
+    first of `checks`); a combination the writer still refuses, or whose files read back as another step (the
+    second), sends it on to the next rows."""
     from memfit.planner.plan import choose_for_fit, plan
     from memfit.planner.search import Keep
 
+    says, keeps_the_step = checks
     keep = Keep(axes=kept, expressible=says)
     for top_k in (10, 40):
         writable = []
         for row in plan(base, allow, global_batch, top_k=top_k, options=options, keep=keep):
             try:
                 files = io.write(_file_changes(row, old, io.said))
-                if io.launch:  # a launch's own reader can refuse what its files now say (finetune.py: ZeRO-3 + LoRA)
-                    io.reread(files)
+                keeps_the_step(files, row)  # read back: a launch's reader can refuse it too (finetune.py: ZeRO-3 + LoRA)
                 writable.append((row, files))
             except MemfitError as e:
                 refusals.setdefault(str(e), str(e))
@@ -152,17 +169,11 @@ def _check_written(imported, again, best, resume: bool, given: dict) -> None:
     """The files as they will be written, read back (`again`) and estimated (with the code edit beside them
     applied), must be the plan: a writer that drops a key or a path that resolves elsewhere shows up here, before
     anything is written. A launch is read back whole, every file as it will be."""
-    from memfit.facts.profiles import build_scenario
     from memfit.planner.search import judge
     from memfit.roles.estimate import estimate
 
     s = best.scenario
-    edited = {k: getattr(s, k) for c in best.changes if c.code_edit for k in axes()[c.knob]}
-    try:
-        written = build_scenario(s.model, s.hardware, again.knobs | edited | given, imported.profile)
-    except MemfitError as e:
-        raise MemfitError(f"{imported.name}: the rewritten file does not read back as a run: {e}") from None
-    e = judge(estimate(written), resume)
+    e = judge(estimate(_written_run(imported, again, best, given)), resume)
     gpu = s.hardware.gpu.memory_bytes
     if e.verdict != best.verdict or abs(e.device_peak - best.device_peak_bytes) > AGREE * gpu:
         from memfit.interfaces.render.common import gib
@@ -172,15 +183,34 @@ def _check_written(imported, again, best, resume: bool, given: dict) -> None:
                           f"{gib(best.device_peak_bytes)} GiB; nothing written")
 
 
+def _written_run(imported, again, row, given: dict):
+    """The run the rewritten files (`again`, read back) say, with the plan's code edit beside them applied."""
+    from memfit.facts.profiles import build_scenario
+
+    s = row.scenario
+    edited = {k: getattr(s, k) for c in row.changes if c.code_edit for k in axes()[c.knob]}
+    try:
+        return build_scenario(s.model, s.hardware, again.knobs | edited | given, imported.profile)
+    except MemfitError as e:
+        raise MemfitError(f"{imported.name}: the rewritten file does not read back as a run: {e}") from None
+
+
+def _step_of(s) -> tuple:
+    """What one optimizer step trains on: rows (micro-batch x accumulation x GPUs), padding, sequence length."""
+    return s.micro_batch * s.grad_accum * s.world_size, s.padding, s.seq_len
+
+
 def _other_file_note(base, imported, allow, kept, global_batch, options, best) -> None:
     """When a faster plan needs a setting this file cannot say (flash attention in a bare DeepSpeed JSON), say
     what and where it would go."""
     from memfit.planner.plan import plan
     from memfit.planner.search import Keep
+    from memfit.planner.throughput import ties
 
     rows = plan(base, allow, global_batch, top_k=1, options=options, keep=Keep(axes=kept))
-    if not rows or rows[0].tokens_per_second <= best.tokens_per_second * 1.03:
-        return
+    if not rows or rows[0].tokens_per_second <= best.tokens_per_second or ties(rows[0].tokens_per_second,
+                                                                                best.tokens_per_second):
+        return  # no faster plan, or one the step-time model cannot tell from this one
     mine = {(c.knob, str(c.after)) for c in best.changes}
     other = [f"{c.knob} {c.before} -> {c.after}" for c in rows[0].changes if (c.knob, str(c.after)) not in mine]
     print(f"(a plan {rows[0].tokens_per_second / best.tokens_per_second - 1:.0%} faster also needs "

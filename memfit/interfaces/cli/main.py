@@ -15,9 +15,14 @@ def _cmd_estimate(a) -> int:
     from memfit.roles.estimate import estimate
 
     from memfit.interfaces.lengths.cli import lengths_report, print_lengths
+    from memfit.interfaces.lengths.read import read_lengths
+
+    from memfit.interfaces.cli.run_cost import speed_section
 
     result = estimate(scenario_from_args(a))
-    lengths = lengths_report(a, result.scenario)  # --lengths DATA: per-step, per-rank peaks (None without it)
+    data = read_lengths(a.lengths, result.scenario.model) if a.lengths else None  # read once, for both below
+    lengths = lengths_report(a, result.scenario, data)  # --lengths DATA: per-step, per-rank peaks (None without it)
+    speed = speed_section(a, result.scenario, data)  # the step-time model's answer, beside the memory one
     if a.html:  # the page as well as the usual output (render/html.py draws the --json document)
         from memfit.interfaces.render.html import estimate_page, write_page
         from memfit.planner.sweep import sweeps
@@ -27,11 +32,13 @@ def _cmd_estimate(a) -> int:
     if a.json:
         import json
 
-        print(json.dumps(result.to_json() | ({"lengths": lengths.to_json()} if lengths else {}), indent=2))
+        print(json.dumps(result.to_json() | {"speed": speed} | ({"lengths": lengths.to_json()} if lengths else {}),
+                         indent=2))
     else:
-        from memfit.interfaces.render.estimate import print_estimate
+        from memfit.interfaces.render.estimate import print_estimate, print_speed
 
         print_estimate(result)
+        print_speed(speed, result.scenario.world_size)
         if lengths:
             print_lengths(lengths)
     return 0
@@ -135,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     from memfit.interfaces.lengths.cli import add_lengths_arguments
 
     add_lengths_arguments(est)
+    from memfit.interfaces.cli.run_cost import add_run_cost_arguments
+
+    add_run_cost_arguments(est)
     est.set_defaults(run=_cmd_estimate)
     tr = sub.add_parser("trace", help="run the real transformers/PEFT step on fake tensors (needs memfit[trace])")
     add_scenario_arguments(tr)

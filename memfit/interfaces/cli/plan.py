@@ -64,7 +64,8 @@ def run_plan(a: argparse.Namespace) -> int:
     with working(f"searching configurations of {base.model.id} on {base.world_size} x {base.hardware.gpu.name}"):
         rows = plan(base, allow, a.global_batch, top_k=a.top, options=options)
         start = baseline(base, a.global_batch, options)
-        miss = None if rows else closest_miss(base, allow, a.global_batch, options)
+        # a run with settings memfit could not read has no closest plan: every change of it stays "tight"
+        miss = None if rows or base.unread else closest_miss(base, allow, a.global_batch, options)
     if a.html:  # the plan document, and the estimate document of its start for the bars (render/html.py)
         from memfit.interfaces.render.html import plan_page, write_page
         from memfit.roles.estimate import estimate
@@ -122,6 +123,7 @@ def plan_json(start, rows, miss, options=None) -> dict:
         "start": start.to_json(),
         "rows": [r.to_json() for r in rows],
         "closest_miss": miss.to_json() if miss else None,
+        "not_read": list(s.unread),  # memory settings no reader read: no row of such a run is "fits"
         "note": "tokens/s come from memfit's step-time model (data/speed.toml); they rank, they do not promise",
     } | ({"lengths": options.data.source} if options is not None and options.data else {})
 
@@ -199,6 +201,9 @@ def print_plan(start, rows, miss, allow: set[str], options=None) -> None:
     _print_header(con, start, options)
     host_known = start.scenario.hardware.host_ram is not None
     if not rows:
+        if start.scenario.unread:  # no plan of it is "fits" (planner/search.py judge), whatever it changes
+            _print_unread(con, start.scenario.unread)
+            return
         con.print("[bold red]no configuration in memfit's search space fits[/]"
                   + ("" if allow else " (try --allow lora,qlora,8bit)"))
         if miss:
@@ -222,6 +227,19 @@ def print_plan(start, rows, miss, allow: set[str], options=None) -> None:
     con.print("[dim]saves: the change applied alone to the start (or, where it cannot stand alone, removed from the "
               "plan); speed: the plan with vs without it. tokens/s come from memfit's step-time model "
               "(data/speed.toml): they rank, they do not promise[/]")
+
+
+def _print_unread(con, unread: tuple[str, ...]) -> None:
+    """A run with memory settings memfit could not read: no configuration of it can be called "fits" (the
+    estimate leaves those settings out), whatever the search changes, so no closest plan either. Each setting,
+    and what to do next."""
+    con.print(f"[bold yellow]no configuration can be called fits: memfit could not read {len(unread)} memory "
+              f"setting{'s' * (len(unread) > 1)} of the run, so every estimate of it is at most tight[/]")
+    for what in unread:
+        con.print(f"  not read: {what}")
+    con.print("next: state each setting in a form memfit reads (a key of the framework's config file or a flag "
+              "memfit knows) or remove it, then run memfit plan again (memfit estimate --from shows the estimate "
+              "without it)")
 
 
 def _numbered(con, number: int, lines: list[str]) -> None:
@@ -278,15 +296,25 @@ def _print_table(con, start, rows) -> None:
     from rich.table import Table
 
     table = Table(title="configurations that fit, fastest first")
-    for col in ("#", "verdict", "GiB/GPU", "headroom", "host GiB", "tokens/s", "vs start", "changes"):
-        table.add_column(col, justify="right" if col not in ("verdict", "changes") else "left")
+    from memfit.planner.throughput import band
+
+    b = band()
+    for col in ("#", "verdict", "GiB/GPU", "headroom", "host GiB", "tokens/s", "step s", "vs start", "tie", "changes"):
+        table.add_column(col, justify="right" if col not in ("verdict", "changes", "tie") else "left")
     for i, r in enumerate(rows, 1):
         gain = (f"{(r.tokens_per_second / start.tokens_per_second - 1) * 100:+.0f}%"
                 if start.tokens_per_second > 0 else "-")
         edits = sum(bool(c.code_edit) for c in r.changes)
         changes = (str(len(r.changes)) + (f" ({edits} code edit{'s' * (edits > 1)})" if edits else "")
                    if r.changes else "none (start fits)")
+        tie = ("= " + ",".join(map(str, r.ties_with))) if r.ties_with else ""
         table.add_row(str(i), f"[{VERDICT_STYLE[r.verdict]}]{r.verdict}[/]", _gib(r.device_peak_bytes),
                       _gib(r.headroom_bytes), _gib(r.host_peak_bytes), f"{r.tokens_per_second:,.0f}",
-                      gain, changes)
+                      f"{r.step_seconds:.3g}", gain, tie, changes)
     show(con, table)
+    con.print(f"[dim]tokens/s: measured runs land in {b.low:.2f}-{b.high:.2f}x of it ({b.coverage:.0%} of them)[/]")
+    if any(r.ties_with for r in rows):
+        from memfit.planner.throughput import tie_band
+
+        con.print(f"[bold]tie[/]: rows marked = differ by less than {tie_band():.0%} in predicted speed, which measured "
+                  "runs cannot tell apart; among them fewer changes, then more memory margin, ranks first")

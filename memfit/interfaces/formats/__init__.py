@@ -66,7 +66,7 @@ def detect_format(text: str, name: str = "") -> str:
                 return "accelerate"
             if _is_axolotl(doc):
                 return "axolotl"
-            if "stage" in doc or "finetuning_type" in doc or "cutoff_len" in doc or "lora_target" in doc:
+            if llamafactory.is_llamafactory(doc):
                 return "llamafactory"
             if llamafactory_v1.is_v1(doc):  # v1's flat keys and plugin blocks
                 return "llamafactory"
@@ -142,7 +142,8 @@ def reread(imported: ImportedConfig, files: list[WrittenFile]) -> ImportedConfig
         options = {"profile": imported.profile} if imported.format == "deepspeed" else {"version": imported.variant}
         return module.read(main.new_text, gpus=gpus, **options)
     texts = {f.path: f.new_text for f in files[1:]}
-    options = {"variant": imported.variant.split(":")[0]} if imported.format == "hf" else {}
+    options = {"variant": imported.variant.split(":")[0]} if imported.format == "hf" else \
+        {"script": imported.variant} if imported.format == "llamafactory" and imported.variant != "v1" else {}
     return module.read(main.new_text, gpus=gpus, files=texts, path=main.path, **options)
 
 

@@ -17,7 +17,7 @@ from memfit.interfaces.formats import jsontext, yamltext
 from memfit.interfaces.formats.base import (ImportedConfig, as_bool, as_choice, as_int, as_mapping, as_str, bad, named,
                                             optimizer_from_hf, read_text, shown, suggest)
 from memfit.interfaces.formats.llamafactory import resolve_deepspeed
-from memfit.interfaces.formats.not_modelled import named as not_modelled
+from memfit.interfaces.formats.not_modelled import caps, found
 from memfit.interfaces.formats.tables import check_type, table
 
 FORMAT = "axolotl"
@@ -296,7 +296,8 @@ def read(path_or_text, *, gpus: int | None = None, files: dict | None = None, pa
         if ds_cfg.path is not None:
             companions["deepspeed"] = ds_cfg
         world = {**ds_cfg.world, **world}
-    warnings += not_modelled(FORMAT, doc, where)
+    unmodelled = found(FORMAT, doc, where)
+    warnings += [w for w, _ in unmodelled]
     return ImportedConfig(format=FORMAT, profile=profile, knobs=knobs, text=text, doc=doc, path=path,
                           model_name=doc["base_model"], world=world, assumed=assumed, warnings=warnings,
-                          companions=companions)
+                          companions=companions, **caps(unmodelled))

@@ -27,10 +27,17 @@ class ImportedConfig:
     path: Path | None = None
     model_name: str | None = None  # model_name_or_path / --pretrain, when the file names one
     world: dict = field(default_factory=dict)  # num_gpus (all nodes), nodes, global_batch, when stated
-    variant: str | None = None  # openrlhf flag version, hf config class (training_args / sft / dpo), ...
+    # openrlhf flag version, hf config class (training_args / sft / dpo), LLaMA-Factory "v1" or the training script
+    # a launch runs a v0 file with (src/train_bash.py: its releases' defaults and spellings), ...
+    variant: str | None = None
     assumed: list[str] = field(default_factory=list)  # framework defaults filled in, for the user to see
     warnings: list[str] = field(default_factory=list)  # things the framework ignores silently
     companions: dict[str, "ImportedConfig"] = field(default_factory=dict)  # e.g. {"deepspeed": <DS JSON>}
+    # memory settings of the file that memfit cannot read and that can raise memory (one line each, also among
+    # `warnings`): the estimate is of the run without them, so its verdict is at most "tight" (Scenario.unread);
+    # `unread_host`: those that raise host RAM only (they cap the verdict when host RAM is judged)
+    unread: list[str] = field(default_factory=list)
+    unread_host: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:

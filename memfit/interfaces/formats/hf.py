@@ -22,7 +22,7 @@ from memfit.interfaces.formats.base import (HF_ATTENTION_NAME, HF_OPTIM_NAME, Im
                                             shown, verify_written)
 from memfit.interfaces.formats.hf_keys import (check_keys, ckpt_key, ckpt_kwargs_key, current_names, default, detect,
                                               get, spelling)
-from memfit.interfaces.formats.not_modelled import named
+from memfit.interfaces.formats.not_modelled import caps, found
 from memfit.interfaces.formats.tables import table
 
 FORMAT = "hf"
@@ -171,7 +171,8 @@ def read(path_or_text, *, gpus: int | None = None, variant: str | None = None, f
     assumed: list[str] = []
     view = current_names(doc, where, assumed)
     variant = variant or detect(view, path.name if path else "")
-    warnings = check_keys(view, variant, where) + named("hf", view, where)
+    unmodelled = found("hf", view, where)
+    warnings = check_keys(view, variant, where) + [w for w, _ in unmodelled]
     knobs = knobs_of(view, variant, where, assumed)
     companions = {}
     world = {"num_gpus": gpus} if gpus else {}
@@ -195,7 +196,8 @@ def read(path_or_text, *, gpus: int | None = None, variant: str | None = None, f
     model = doc.get("model_name_or_path")
     return ImportedConfig(format=FORMAT, profile=PROFILES[variant], knobs=knobs, text=text, doc=doc, path=path,
                           model_name=model if isinstance(model, str) else None, world=world,
-                          variant=f"{variant}:{syntax}", assumed=assumed, warnings=warnings, companions=companions)
+                          variant=f"{variant}:{syntax}", assumed=assumed, warnings=warnings, companions=companions,
+                          **caps(unmodelled))
 
 
 def _resolve(value: str, path: Path | None, where: str, files: dict | None) -> Path:

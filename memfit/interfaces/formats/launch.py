@@ -4,10 +4,12 @@ The script is read as the shell would, to the extent a launch needs (launch_shel
 variables, bash arrays, `cd`, redirections, `;` `&&` `|`). Of its commands the training launch is followed:
 `llamafactory-cli train X.yaml [key=value ...]`, `accelerate launch [flags] SCRIPT|-m MODULE ...`,
 `deepspeed [flags] SCRIPT ...`, `torchrun [flags] SCRIPT ...`, `trl sft|dpo ...`, `python SCRIPT|-m MODULE ...`;
-OpenRLHF's `openrlhf.cli.train_*` commands go to the OpenRLHF reader. The launcher's flags give the GPU count and
-(accelerate) engine settings over its config file; the script's `--flags` are read as HF / TRL TrainingArguments
-(launch_script.py). Relative paths resolve from the folder the script runs in: the script's own folder, changed by
-its `cd` lines (a launch given as text: the current folder). The files are merged by launch_merge.py.
+OpenRLHF's `openrlhf.cli.train_*` commands go to the OpenRLHF reader, LLaMA-Factory's training scripts
+(src/train.py, src/train_bash.py, its launcher) to the LLaMA-Factory reader (launch_llamafactory.py). The
+launcher's flags give the GPU count and (accelerate) engine settings over its config file; another script's
+`--flags` are read as HF / TRL TrainingArguments (launch_script.py). Relative paths resolve from the folder the
+script runs in: the script's own folder, changed by its `cd` lines (a launch given as text: the current folder).
+The files are merged by launch_merge.py.
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from pathlib import Path
 from memfit.interfaces.formats.base import ImportedConfig, WrittenFile, bad, read_text
 from memfit.interfaces.formats.launch_merge import merge
 from memfit.interfaces.formats.launch_shell import Command, commands_of
-from memfit.interfaces.formats.launch_script import accelerate_part, llamafactory_part, script_parts
+from memfit.interfaces.formats.launch_llamafactory import is_llamafactory, llamafactory_part
+from memfit.interfaces.formats.launch_script import accelerate_part, script_parts
 
 FORMAT = "launch"
 MAX_CHARS = 100_000
@@ -203,6 +206,8 @@ def _target(target: str, args: list[str], text, path, cmd, label, gpus, readers,
         from memfit.interfaces.formats import openrlhf
 
         return [openrlhf.read(path if path else text, gpus=gpus)], []
+    if is_llamafactory(target, args, cmd.cwd):  # its flags are its YAML's keys (launch_llamafactory.py)
+        return llamafactory_part(args, cmd.cwd, label, gpus, script=target)
     if module and target.startswith("trl.scripts."):
         variant = target.rsplit(".", 1)[1]
         return script_parts(target, args, cmd.cwd, label, gpus, readers,
@@ -224,13 +229,15 @@ def read(path_or_text, *, gpus: int | None = None, readers=None) -> ImportedConf
     parts, world, said, notes = follow(cmd, text, path, where, gpus, readers)
     if gpus is not None and world:
         world = {**world, "num_gpus": gpus}
-    assumed = [n.removeprefix(f"{where} ") for n in notes if not n.startswith("!")]  # file_notes names the file
-    warnings = [n[1:] for n in notes if n.startswith("!")]
+    # "!" a warning, "~" a warning on a memory setting no reader reads (it caps the verdict), else an assumption
+    assumed = [n.removeprefix(f"{where} ") for n in notes if not n.startswith(("!", "~"))]  # file_notes names the file
+    warnings = [n[1:] for n in notes if n.startswith(("!", "~"))]
+    unread = [n[1:] for n in notes if n.startswith("~")]
     if world and said:
         count = world["num_gpus"]
         assumed.append(f"{count} GPU{'s' if count != 1 else ''} from {said}")
     return merge(parts, path=path or Path(where), text=text, world=world, world_from=said or "the launch", assumed=assumed,
-                 warnings=warnings)
+                 warnings=warnings, unread=unread)
 
 
 def read_many(paths, *, gpus: int | None = None, readers=None) -> ImportedConfig:

@@ -91,8 +91,9 @@ def _engine_precision(part: ImportedConfig, engine) -> ImportedConfig:
 
 def merge(parts: list[ImportedConfig], *, path: Path | None = None, text: str = "", world: dict | None = None,
           world_from: str = "the launch", assumed: list[str] | None = None,
-          warnings: list[str] | None = None) -> ImportedConfig:
-    """One record for the run. `world`: what the launcher says (GPU count, nodes), checked against the files."""
+          warnings: list[str] | None = None, unread: list[str] | None = None) -> ImportedConfig:
+    """One record for the run. `world`: what the launcher says (GPU count, nodes), checked against the files;
+    `unread`: the launch's own memory settings no reader reads (the files' own are in their parts)."""
     parts = sorted(flatten(parts), key=lambda p: ROLE.get(p.format, 3))
     if not parts:
         raise MemfitError(f"{path or 'launch'}: names no config file and no training flags memfit reads")
@@ -125,7 +126,8 @@ def merge(parts: list[ImportedConfig], *, path: Path | None = None, text: str = 
     return ImportedConfig(format="launch", profile=parts[0].profile, knobs=merged, text=text, doc=parts,
                           path=path or parts[0].path, model_name=_model(parts), world=_world(parts, world, world_from),
                           assumed=notes, warnings=warns, companions={p.name if p.path else f"{p.format} {i}": p
-                                                                     for i, p in enumerate(parts)})
+                                                                     for i, p in enumerate(parts)},
+                          unread=list(unread or []))
 
 
 def _who(part: ImportedConfig, knob: str) -> str:

@@ -100,7 +100,7 @@ def knobs(own: dict, model: str | None, label: str, notes: list[str]) -> dict:
                      "upcast). Qwen's README: use an Int4 checkpoint with --q_lora")
     bias = as_choice(label, "--lora_bias", v["lora_bias"], facts()["arguments"]["lora_bias"]["choices"])
     if bias != "none":
-        notes.append(f"!{label}: --lora_bias {bias}: not modelled: {facts()['arguments']['lora_bias']['does']}")
+        notes.append(f"~{label}: --lora_bias {bias}: not modelled: {facts()['arguments']['lora_bias']['does']}")
     return k
 
 

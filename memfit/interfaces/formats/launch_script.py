@@ -1,7 +1,6 @@
 """The files and flags of one launch command, each read by its format's reader (launch.py finds the command).
 
-- `llamafactory-cli train X.yaml key=value ...`: the YAML with the overrides merged over it, as LLaMA-Factory's
-  read_args does (OmegaConf dotlist over the file); `llamafactory-cli train --key value ...` alone also works.
+- LLaMA-Factory's launches (`llamafactory-cli train`, its src/train.py / src/train_bash.py): launch_llamafactory.py.
 - `accelerate launch --config_file A.yaml --num_processes N ...`: the launcher's flags over the YAML (accelerate's
   own precedence), read as an accelerate config.
 - a training script's `--flags` (and its `--config x.yaml`, or a YAML given as its first word, as TRL's parser and
@@ -9,7 +8,7 @@
   TrainingArguments / TRL config; `--deepspeed ds.json` names the DeepSpeed JSON, `--deepspeed_config ds.json`
   (DeepSpeed's add_config_arguments) too. A flag that is no TrainingArguments / TRL key is named: as a memory
   setting memfit does not model when its name says so, else in one list of flags taken as not changing memory.
-Notes starting with "!" are warnings.
+Notes starting with "!" are warnings; "~" a warning on a memory setting no reader reads (it caps the verdict).
 """
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ import json
 import re
 from pathlib import Path
 
-from memfit.interfaces.formats import yamltext
+from memfit.interfaces.formats import launch_dschat, yamltext
 from memfit.interfaces.formats.base import ImportedConfig, bad, read_text
 
 # beside the HF key table's memory words: script flags that size a run (run_clm's block_size, DeepSpeed-Chat's
@@ -91,54 +90,9 @@ def flags_of(args: list[str]) -> tuple[dict, list[str]]:
     return doc, words
 
 
-# --- LLaMA-Factory ---------------------------------------------------------------------------------------
-
-def llamafactory_part(args: list[str], cwd: Path, label: str, gpus) -> tuple[list[ImportedConfig], list[str]]:
-    from memfit.interfaces.formats import llamafactory
-
-    if args and args[0].endswith((".yaml", ".yml", ".json")):
-        path = resolve(args[0], cwd, label, "llamafactory-cli train")
-        overrides = {}
-        for word in args[1:]:
-            key, eq, value = word.lstrip("-").partition("=")
-            if not eq:
-                raise bad(label, word, "expected key=value after the YAML (LLaMA-Factory's overrides)")
-            overrides[key] = _yaml_value(value)
-        text = read_text(path, "LLaMA-Factory YAML")[0] if overrides or _ds_from_cwd(path, cwd) else None
-        if text is None:
-            return [llamafactory.read(path, gpus=gpus)], []
-        doc = {**yamltext.load(text, str(path)), **overrides}
-        _absolute_deepspeed(doc, "deepspeed", cwd)
-        notes = [f"{label}: {k}={v!r} over {path.name} (LLaMA-Factory's command-line overrides)"
-                 for k, v in overrides.items()]
-        return [llamafactory.read(_yaml(doc), gpus=gpus, path=path)], notes
-    doc, words = flags_of(args)
-    if words or not doc:
-        raise bad(label, None, "llamafactory-cli train expects a YAML file or --key value flags")
-    _absolute_deepspeed(doc, "deepspeed", cwd)
-    return [llamafactory.read(_yaml(doc), gpus=gpus, path=Path(f"{label}: llamafactory-cli flags"))], []
-
-
 def _yaml(doc: dict) -> str:
     """A merged document as YAML text for a reader (the reader's own checks then run on it)."""
     return yamltext.yaml.safe_dump(doc, sort_keys=False, allow_unicode=True) or "{}\n"
-
-
-def _yaml_value(text: str):
-    try:
-        return yamltext.yaml.safe_load(text) if text else None
-    except (yamltext.yaml.YAMLError, ValueError, RecursionError):
-        return text
-
-
-def _ds_from_cwd(path: Path, cwd: Path) -> bool:
-    """Does the YAML name a DeepSpeed JSON that the launch folder finds (LLaMA-Factory opens it from there)?"""
-    try:
-        value = yamltext.yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yamltext.yaml.YAMLError, ValueError, RecursionError, OSError):
-        return False
-    ds = value.get("deepspeed") if isinstance(value, dict) else None
-    return isinstance(ds, str) and not Path(ds).is_absolute() and exists(cwd / ds)
 
 
 def _absolute_deepspeed(doc: dict, key: str, cwd: Path) -> None:
@@ -197,14 +151,17 @@ def accelerate_part(flags: dict, cwd: Path, label: str, gpus) -> tuple[list[Impo
 def script_parts(script: str, args: list[str], cwd: Path, label: str, gpus, readers, variant: str | None = None):
     """The TrainingArguments / TRL config a script's flags (and the config file they name) say, and a DeepSpeed
     JSON named by --deepspeed_config; with notes on the flags memfit does not read."""
-    from memfit.interfaces.formats import hf, launch_qwen
+    from memfit.interfaces.formats import hf
     from memfit.interfaces.formats.hf_keys import detect, keys, other_releases
 
     flags, words = flags_of(args)
     notes: list[str] = []
-    qwen = launch_qwen.matches(script, flags)  # Qwen's finetune.py: its own arguments are not TrainingArguments
-    own = launch_qwen.take(flags) if qwen else {}
-    variant = "training_args" if qwen else variant
+    if launch_dschat.matches(script, flags):  # DeepSpeed-Chat's main.py: its own flags, no TrainingArguments
+        part, notes = launch_dschat.read(flags, label, gpus)
+        return [part], notes + _loose_words(script, label, words)
+    own_args = known_script(script, flags)  # its own arguments beside TrainingArguments (Qwen's finetune.py, run_clm.py)
+    own = own_args.take(flags) if own_args else {}
+    variant = "training_args" if own_args else variant
     parts: list[ImportedConfig] = []
     config = flags.pop("config", None)
     if config is None and words and str(words[0]).endswith((".yaml", ".yml", ".json")):
@@ -240,11 +197,10 @@ def script_parts(script: str, args: list[str], cwd: Path, label: str, gpus, read
         del flags[key]
     read_flags = {k: v for k, v in flags.items() if k in known}
     _report_unknown(script, label, {k: v for k, v in flags.items() if k not in known}, notes)
-    if words:
-        notes.append(f"!{label}: {name}: words without a flag not read: {' '.join(map(str, words[:6]))}")
+    notes += _loose_words(script, label, words)
     if config_path is not None and not base and not read_flags:
         return parts, notes
-    if not read_flags and config_path is None and not qwen:
+    if not read_flags and config_path is None and not own_args:
         return parts, notes
     doc = {**base, **read_flags}
     _absolute_deepspeed(doc, "deepspeed", cwd)
@@ -259,9 +215,22 @@ def script_parts(script: str, args: list[str], cwd: Path, label: str, gpus, read
         from dataclasses import replace
 
         part = replace(part, model_name=model)
-    if qwen:
-        part = launch_qwen.apply(part, own, label, notes)
+    if own_args:
+        part = own_args.apply(part, own, label, notes)
     return [part] + parts, notes
+
+
+def _loose_words(script: str, label: str, words: list) -> list[str]:
+    if not words:
+        return []
+    return [f"!{label}: {Path(script).name}: words without a flag not read: {' '.join(map(str, words[:6]))}"]
+
+
+def known_script(script: str, flags: dict):
+    """The module reading a known training script's own arguments (matches / take / apply), or None."""
+    from memfit.interfaces.formats import launch_qwen, launch_run_clm
+
+    return next((m for m in (launch_qwen, launch_run_clm) if m.matches(script, flags)), None)
 
 
 def _trl_script(script: str) -> str | None:
@@ -277,7 +246,7 @@ def _report_unknown(script: str, label: str, unknown: dict, notes: list[str]) ->
     words = (*other_releases()["memory_words"], *MEMORY_WORDS)
     memory = {k: v for k, v in unknown.items() if any(w in k.lower() for w in words)}
     for key, value in memory.items():
-        notes.append(f"!{label}: --{key} {value}: a flag of {Path(script).name} that looks like a memory setting; "
+        notes.append(f"~{label}: --{key} {value}: a flag of {Path(script).name} that looks like a memory setting; "
                      "memfit does not model it (not a TrainingArguments / TRL key), so the estimate leaves it out")
     other = [f"--{k}" for k in unknown if k not in memory and k != "model_name_or_path"]
     if other:

@@ -39,6 +39,7 @@ class Source:
     where: str = "after"  # the flags' side of the target word: "before" (launcher's) or "after" (the script's)
     script: Script | None = None
     appendable: bool = False  # a key no word states may be added as a new `--flag` (no file beside the words)
+    own: object | None = None  # a script's own flags that say knobs themselves (launch_dschat.Flags), not a format's keys
 
     @property
     def direct(self) -> bool:
@@ -152,15 +153,26 @@ def _script_sources(path: Path, text: str, gpus) -> tuple[Script, list[Source]]:
     script = Script(path, text, cmd.line, last, rest[0], cmd.cwd)
     for s in sources:
         s.script = script
+    from memfit.interfaces.formats.launch_llamafactory import is_llamafactory
+
+    if is_llamafactory(rest[0], rest[1:], cmd.cwd):  # LLaMA-Factory's own script: its flags are its YAML's keys
+        return script, sources + [_llamafactory(rest[1:], cmd.cwd, label, gpus, script, rest[0])]
+    from memfit.interfaces.formats import launch_dschat
+    from memfit.interfaces.formats.launch_script import flags_of
+
+    if launch_dschat.matches(rest[0], flags_of(rest[1:])[0]):  # DeepSpeed-Chat's main.py: no TrainingArguments
+        return script, sources + [_dschat(rest[0], rest[1:], cmd.cwd, label, gpus, script)]
     variant = rest[0].rsplit(".", 1)[1] if rest[0].startswith("trl.scripts.") else None
     return script, sources + _script_flags(rest[0], rest[1:], cmd.cwd, label, gpus, script,
                                            variant=variant if variant in ("sft", "dpo") else None)
 
 
-def _llamafactory(args: list[str], cwd: Path, label: str, gpus, script: Script) -> Source:
-    from memfit.interfaces.formats.launch_script import llamafactory_part, resolve
+def _llamafactory(args: list[str], cwd: Path, label: str, gpus, script: Script, target: str | None = None) -> Source:
+    """`target`: LLaMA-Factory's training script the words follow (None: `llamafactory-cli train`)."""
+    from memfit.interfaces.formats.launch_llamafactory import llamafactory_part
+    from memfit.interfaces.formats.launch_script import resolve
 
-    part = llamafactory_part(args, cwd, label, gpus)[0][0]
+    part = llamafactory_part(args, cwd, label, gpus, script=target)[0][0]
     if args and args[0].endswith((".yaml", ".yml", ".json")):
         flags = {(w.lstrip("-").partition("=")[0],): w.lstrip("-").partition("=")[0] for w in args[1:]}
         return Source(part, resolve(args[0], cwd, label, "llamafactory-cli train"), flags, "=", script=script)
@@ -168,6 +180,17 @@ def _llamafactory(args: list[str], cwd: Path, label: str, gpus, script: Script) 
 
     flags = {(k,): k for k in flags_of(args)[0]}
     return Source(part, None, flags, "--", script=script, appendable=True)
+
+
+def _dschat(target: str, args: list[str], cwd: Path, label: str, gpus, script: Script) -> Source:
+    """main.py's flags: one source whose knobs are written back as those flags (launch_dschat.Flags)."""
+    from memfit.interfaces.formats import launch_dschat
+    from memfit.interfaces.formats.launch_script import flags_of, script_parts
+
+    flags = flags_of(args)[0]
+    part = script_parts(target, args, cwd, label, gpus, _readers())[0][0]
+    own = launch_dschat.Flags(launch_dschat.values(flags, label), label)
+    return Source(part, None, {(k,): k for k in flags}, "--", script=script, appendable=True, own=own)
 
 
 def _accelerate(flags: dict, cwd: Path, label: str, gpus) -> list[Source]:

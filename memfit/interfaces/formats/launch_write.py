@@ -33,14 +33,22 @@ def sayable(launch: Launch) -> frozenset[str]:
     DeepSpeed config they hold or name: in a launch the engine is often another file's (accelerate's), and a knob
     the run moves on the way (pin_memory beside an offload) is then one no file holds, not a refusal."""
     from memfit.facts.knobs import said_by
+
+    def one(src: Source) -> frozenset[str]:
+        part = src.part
+        if src.own is None and part.format == "hf" and "deepspeed" not in part.companions \
+                and not isinstance(part.doc.get("deepspeed"), dict):
+            return said_by("hf")
+        return _says(src)
+
+    return frozenset().union(*(one(s) for s in launch.sources))
+
+
+def _says(src: Source) -> frozenset[str]:
+    """The knobs one source can say: a script's own flags' (launch_dschat.Flags), else its format's."""
     from memfit.interfaces.formats import sayable as said
 
-    def one(part) -> frozenset[str]:
-        if part.format == "hf" and "deepspeed" not in part.companions and not isinstance(part.doc.get("deepspeed"), dict):
-            return said_by("hf")
-        return said(part)
-
-    return frozenset().union(*(one(s.part) for s in launch.sources))
+    return src.own.says if src.own is not None else said(src.part)
 
 
 def _order(launch: Launch, knob: str) -> list[int]:
@@ -57,13 +65,12 @@ def _order(launch: Launch, knob: str) -> list[int]:
 
 def route(launch: Launch, knobs: dict) -> dict[int, dict]:
     """Source index -> the knobs written there."""
-    from memfit.interfaces.formats import sayable as said
     from memfit.interfaces.formats.launch_merge import stated
 
     out: dict[int, dict] = {}
     for knob, value in knobs.items():
         stating = [i for i, s in enumerate(launch.sources) if stated(s.part, knob)]
-        home = stating or [i for i in _order(launch, knob) if knob in said(launch.sources[i].part)][:1]
+        home = stating or [i for i in _order(launch, knob) if knob in _says(launch.sources[i])][:1]
         if not home:
             formats = ", ".join(sorted({s.part.format for s in launch.sources}))
             raise MemfitError(f"{launch.name}: no file of the launch can say {knob}={shown(value)} (it has {formats} "
@@ -81,6 +88,9 @@ def write(launch: Launch, knobs: dict) -> list[WrittenFile]:
     words: dict[Path, list] = {}  # script -> (start, end, new text) edits
     for i, group in route(launch, knobs).items():
         src = launch.sources[i]
+        if src.own is not None:  # the script's own flags say these knobs (launch_dschat.Flags)
+            words.setdefault(src.script.path, []).extend(_own_flags(src, group))
+            continue
         written = write_config_files(src.part, group, None)
         if src.direct:
             _add(files, written[0])
@@ -148,6 +158,21 @@ def _back_to_sources(src: Source, main: WrittenFile, files: dict, words: dict) -
                               "list, e.g. an inline DeepSpeed config, needs a file)")
     if file_changes:
         _add(files, _file_edit(src.file, file_changes))
+
+
+def _own_flags(src: Source, knobs: dict) -> list[tuple[int, int, str]]:
+    """The word edits that say `knobs` in a script's own flags: a value changed where it is typed, a switch turned on
+    (True) or a flag no word states added; a switch on the line is never dropped (changed by hand)."""
+    edits = []
+    for flag, value in src.own.changes(knobs).items():
+        if (flag,) in src.flags:
+            if value is False:
+                raise MemfitError(f"{src.script.path.name}: --{flag}: memfit would have to drop this switch; change "
+                                  "it by hand")
+            edits.append(_word_edit(src, (flag,), flag, value))
+        elif value is not False:
+            edits.append(_new_word(src, f"--{flag}" if value is True else f"--{flag} {_word(value, '--')}"))
+    return edits
 
 
 def _file_edit(path: Path, changes: list) -> WrittenFile:
@@ -241,26 +266,40 @@ def _new_key(src: Source, path: tuple) -> str | None:
 
 
 def _new_flag(src: Source, key: str, value) -> tuple[int, int, str]:
-    """`--key value` added after the command's last word (before a redirection or comment on its last line); in a
-    command written one flag per line, as a line of its own in the same style. A launcher's flag goes just before
-    the training script."""
+    return _new_word(src, f"--{key} {_word(value, '--')}")
+
+
+def _new_word(src: Source, flag: str) -> tuple[int, int, str]:
+    """`flag` (`--key value`, or a bare switch) added after the command's last word (before a redirection or
+    comment on its last line); in a command written one flag per line, as a line of its own in the same style. A
+    launcher's flag goes just before the training script."""
     script = src.script
     if src.where == "before":
-        at = region(script, "before")[1]
-        return at, at, f"--{key} {_word(value, '--')} "
+        return _before_target(script, flag)
     lines = script.text.split("\n")
     last = max(i for i in range(script.first - 1, script.last) if lines[i].strip())
     line = lines[last]
     cut = re.search(r"(?:^|\s+)(?:\d*>>?|&>|\||;|&&|#)", line)
     end = cut.start() if cut else len(line.rstrip())
     at = sum(len(x) + 1 for x in lines[:last])
-    flag = f"--{key} {_word(value, '--')}"
     if last == script.first - 1:
         return at + end, at + end, f" {flag}"
     indent = re.match(r"[ \t]*", lines[last - 1] if not line[:end].strip() else line).group(0)
     if not line[:end].strip():  # the last line holds only the redirection: the flag goes on a line before it
         return at, at, f"{indent}{flag} \\\n"
     return at + end, at + end, f" \\\n{indent}{flag}"
+
+
+def _before_target(script, flag: str) -> tuple[int, int, str]:
+    """A launcher's new flag, just before the training script: on the script's line when the launcher's words
+    share it; when the script starts a line of its own (the launcher's words end in a continuation), as a line of
+    its own before it, in the script line's indent, so each line still holds one launcher or script word."""
+    at = region(script, "before")[1]
+    line_start = script.text.rfind("\n", 0, at) + 1
+    indent = script.text[line_start:at]
+    if line_start > 0 and not indent.strip() and script.text[:line_start - 1].rstrip(" \t").endswith("\\"):
+        return line_start, line_start, f"{indent}{flag} \\\n"
+    return at, at, f"{flag} "
 
 
 def _apply(text: str, edits: list) -> str:

@@ -18,7 +18,8 @@ from memfit.interfaces.formats.base import (HF_OPTIM_NAME, ImportedConfig, Writt
                                  as_str, bad, cannot, changed_knobs, doc_copy,
                                  lora_targets, optimizer_from_hf, read_text, same, unknown_key, verify_written)
 from memfit.interfaces.formats.llamafactory_v1 import is_v1, read_v1
-from memfit.interfaces.formats.not_modelled import named
+from memfit.interfaces.formats.llamafactory_releases import current, entry_point, respell
+from memfit.interfaces.formats.not_modelled import caps, found
 from memfit.interfaces.formats.tables import check_type, table
 
 FORMAT = "llamafactory"
@@ -51,6 +52,11 @@ ANCHORS = {
     "bf16": ["warmup_ratio", "lr_scheduler_type", "num_train_epochs"], "fp16": ["bf16", "warmup_ratio"],
     "pure_bf16": ["bf16", "fp16", "warmup_ratio"],
 }
+
+
+def is_llamafactory(doc: dict) -> bool:
+    """A YAML document of LLaMA-Factory's (v0): it holds one of the keys only LLaMA-Factory has."""
+    return any(k in doc for k in ("stage", "finetuning_type", "cutoff_len", "lora_target"))
 
 
 def _keys() -> dict:
@@ -192,33 +198,42 @@ def _merge_deepspeed(knobs: dict, doc: dict, ds_cfg: ImportedConfig, where: str)
         raise bad(where, "pure_bf16", "LLaMA-Factory rejects pure_bf16 with DeepSpeed ZeRO-3")
 
 
-def read(path_or_text, *, gpus: int | None = None, files: dict | None = None, path: Path | None = None) -> ImportedConfig:
+def read(path_or_text, *, gpus: int | None = None, files: dict | None = None, path: Path | None = None,
+         script: str | None = None) -> ImportedConfig:
     """`files` maps a path to text to use instead of the disk, and `path` says where given text lives
-    (both for re-reading what was just written)."""
+    (both for re-reading what was just written); `script`: the training script a launch runs it with
+    (src/train_bash.py: its releases' defaults, llamafactory_releases.py)."""
     text, read_path = read_text(path_or_text, "LLaMA-Factory YAML")
     path = read_path or path
     where = str(path) if path else "LLaMA-Factory YAML"
     doc = yamltext.load(text, where)
     if is_v1(doc):  # v1's flat keys and plugin blocks (llamafactory_v1.py)
         return read_v1(doc, text, path, where, resolve_deepspeed, gpus=gpus, files=files)
-    _check_keys(doc, where)
-    assumed: list[str] = []
-    knobs = _knobs(doc, where, assumed)
+    older = current(doc, where, script)  # other releases' keys and values, as the pinned release's
+    view = older.doc
+    _check_keys(view, where)
+    assumed: list[str] = list(older.assumed)
+    knobs = _knobs(view, where, assumed)
     companions = {}
     world = {"num_gpus": gpus} if gpus else {}
-    if doc.get("deepspeed") is not None:
-        ds_value = as_str(where, "deepspeed", doc["deepspeed"])
+    if view.get("deepspeed") is not None:
+        ds_value = as_str(where, "deepspeed", view["deepspeed"])
         ds_path = resolve_deepspeed(ds_value, path, where, files)
         ds_text = (files or {}).get(ds_path) or ds_path.read_text(encoding="utf-8")
         ds_cfg = ds.from_doc(jsontext.load(ds_text, str(ds_path)), ds_text, ds_path, str(ds_path),
                              profile=PROFILE, gpus=gpus)
-        _merge_deepspeed(knobs, doc, ds_cfg, where)
+        _merge_deepspeed(knobs, view, ds_cfg, where)
         companions["deepspeed"] = ds_cfg
         world = {**ds_cfg.world, **world}
-    model = doc.get("model_name_or_path")
+    model = view.get("model_name_or_path")
+    unmodelled = found(FORMAT, view, where)
+    capped = caps(unmodelled)
     return ImportedConfig(format=FORMAT, profile=PROFILE, knobs=knobs, text=text, doc=doc, path=path,
                           model_name=model if isinstance(model, str) else None, world=world, assumed=assumed,
-                          warnings=named(FORMAT, doc, where), companions=companions)
+                          variant=entry_point(script) if script else None,
+                          warnings=older.warnings + [w for w, _ in unmodelled], companions=companions,
+                          unread=older.unread["unread"] + capped["unread"],
+                          unread_host=older.unread["unread_host"] + capped["unread_host"])
 
 
 # --- writing -------------------------------------------------------------------------------------------
@@ -339,10 +354,11 @@ def write_files(imported: ImportedConfig, knobs: dict, folder: Path | None = Non
     if changes.get("engine") == "fsdp":
         raise cannot(imported, "engine", "fsdp", "LLaMA-Factory runs FSDP through an accelerate config; "
                      "write one with memfit's accelerate exporter")
-    doc = apply(imported.doc, changes, imported)
+    # in the keys of the file's release (the launch's script: imported.variant)
+    doc = respell(imported.doc, apply(imported.doc, changes, imported), imported.name, imported.variant)
     out, files = deepspeed_files(imported, changes, doc, folder)
     text = yamltext.edit(imported.text, imported.doc, doc, imported.name, anchors=ANCHORS)
-    again = read(text, gpus=imported.world.get("num_gpus"), files=files, path=imported.path)
+    again = read(text, gpus=imported.world.get("num_gpus"), files=files, path=imported.path, script=imported.variant)
     verify_written(imported, again, engine_free(imported, changes))
     return [WrittenFile(imported.path, imported.text, text)] + out
 

@@ -18,6 +18,7 @@ from memfit.interfaces.formats import deepspeed as ds
 from memfit.interfaces.formats import jsontext
 from memfit.interfaces.formats.base import (ImportedConfig, as_bool, as_choice, as_int, as_mapping, as_str,
                                             attention_from_hf, bad, lora_targets, shown, unknown_key)
+from memfit.interfaces.formats.not_modelled import caps, line
 from memfit.interfaces.formats.tables import check_type, table
 
 FORMAT, PROFILE, VARIANT = "llamafactory", "llamafactory", "v1"
@@ -68,7 +69,8 @@ def _check(doc: dict, where: str) -> None:
             check_type(where, key, value, known[key])
 
 
-def _tuning(doc: dict, where: str, k: dict, notes: list[str]) -> None:
+def _tuning(doc: dict, where: str, k: dict, notes: list[str], unmodelled: list[tuple[str, str]]) -> None:
+    """`unmodelled`: (warning, errs) of what memfit does not model that can raise memory (it caps the verdict)."""
     peft, quant = _plugin(doc, "peft_config", where), _plugin(doc, "quant_config", where)
     name = peft["name"] if peft else "full"
     k["tuning"] = "full"
@@ -89,11 +91,12 @@ def _tuning(doc: dict, where: str, k: dict, notes: list[str]) -> None:
         k["tuning"] = "freeze"
         k["freeze_trainable_layers"] = as_int(where, "peft_config.freeze_trainable_layers",
                                               peft.get("freeze_trainable_layers", 2))
-        for key in ("freeze_trainable_modules", "freeze_extra_modules"):
+        for key, what, errs in (("freeze_trainable_modules", "only those modules of the chosen layers train; memfit "
+                                                               "estimates whole layers: too high", "high"),
+                                ("freeze_extra_modules", "these modules train beside the chosen layers; memfit "
+                                                         "estimates the layers alone: TOO LOW", "low")):
             if peft.get(key) not in (None, [], "all", ["all"]):
-                notes.append(f"{where}: peft_config.{key}={shown(peft[key])}: not modelled: trains only those "
-                             "modules of the chosen layers (or extra modules); memfit estimates whole layers: "
-                             "too high for a subset, TOO LOW for extra modules")
+                unmodelled.append((f"{where}: peft_config.{key}={shown(peft[key])}: not modelled: {what}", errs))
     elif name != "full":
         raise bad(where, "peft_config.name", f"{shown(name)}: LLaMA-Factory v1 has lora and freeze")
     if quant:
@@ -138,9 +141,9 @@ def _engine(doc: dict, where: str, k: dict, files: dict | None, path, gpus, reso
               "reads fsdp2 and deepspeed")
 
 
-def _not_modelled(doc: dict, where: str) -> list[str]:
-    """tables/not_modelled.json "llamafactory_v1": a key set away from its v1 default, or a plugin block (by
-    `key.name`) that is present."""
+def _not_modelled(doc: dict, where: str) -> list[tuple[str, str]]:
+    """(warning, errs) from tables/not_modelled.json "llamafactory_v1": a key set away from its v1 default, or a
+    plugin block (by `key.name`) that is present."""
     entries = table("not_modelled").get("llamafactory_v1", {})
     out = []
     for key, value in doc.items():
@@ -151,7 +154,7 @@ def _not_modelled(doc: dict, where: str) -> list[str]:
         entry = entries.get(label)  # ("_source" is no key v1 has)
         if entry is None or value is None or (label == key and value == _keys()[key].get("default")):
             continue
-        out.append(f"{where}: {label}={shown(said)}: not modelled: {entry['does']}; memfit estimates {entry['memfit']}")
+        out.append((line(where, label, said, entry), entry["errs"]))
     return out
 
 
@@ -164,7 +167,8 @@ def read_v1(doc: dict, text: str, path, where: str, resolve, *, gpus: int | None
                           "(llamafactory-cli sft | dpo | rm); say --method for dpo / rm"]
     notes: list[str] = []
     k: dict = {"method": "sft", "autocast": False, "optimizer": "adamw-foreach", "reentrant": False, "loss": "standard"}
-    _tuning(doc, where, k, notes)
+    unmodelled: list[tuple[str, str]] = []
+    _tuning(doc, where, k, notes, unmodelled)
     companions = _engine(doc, where, k, files, path, gpus, resolve)
     k["attention"] = attention_from_hf(where, "flash_attn", _value(doc, "flash_attn", assumed))
     k["micro_batch"] = as_int(where, "micro_batch_size", _value(doc, "micro_batch_size", assumed), minimum=1)
@@ -183,6 +187,8 @@ def read_v1(doc: dict, text: str, path, where: str, resolve, *, gpus: int | None
         k["grad_accum"] = total // step
         world["global_batch"] = total
     model = doc.get("model")
+    unmodelled += _not_modelled(doc, where)
     return ImportedConfig(format=FORMAT, profile=PROFILE, knobs=k, text=text, doc=doc, path=path,
                           model_name=model if isinstance(model, str) else None, world=world, variant=VARIANT,
-                          assumed=assumed, warnings=notes + _not_modelled(doc, where), companions=companions)
+                          assumed=assumed, warnings=notes + [w for w, _ in unmodelled], companions=companions,
+                          **caps(unmodelled))

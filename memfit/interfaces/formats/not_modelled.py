@@ -1,13 +1,16 @@
 """Settings in a framework file that change memory and that memfit does not model (tables/not_modelled.json).
 
 Each one that is on becomes a warning naming what it does and which way memfit's estimate errs, so a user never
-reads an estimate that silently left out their GaLore optimizer or a trained vision tower."""
+reads an estimate that silently left out their GaLore optimizer or a trained vision tower. One that can raise
+memory (the table's `errs`: low or either; host for host RAM) is also unread: the estimate is of a run without
+it, so its verdict is at most "tight" (issue 27). One that can only lower memory (`errs` high) is named only."""
 from __future__ import annotations
 
 from memfit.interfaces.formats.base import shown
 from memfit.interfaces.formats.tables import table
 
 OFF = (None, False, 0, 0.0, "", "none", "None")
+CAPS = {"low": "unread", "either": "unread", "host": "unread_host"}  # `errs` -> the ImportedConfig list it joins
 
 
 def _on(value, entry: dict) -> bool:
@@ -16,9 +19,21 @@ def _on(value, entry: dict) -> bool:
     return value not in OFF
 
 
-def named(fmt: str, doc: dict, where: str) -> list[str]:
-    """A warning for each setting of `doc` that is on and not modelled, in the file's key order."""
+def line(where: str, key: str, value, entry: dict) -> str:
+    return f"{where}: {key}={shown(value)}: not modelled: {entry['does']}; memfit estimates {entry['memfit']}"
+
+
+def found(fmt: str, doc: dict, where: str) -> list[tuple[str, str]]:
+    """(warning, errs) for each setting of `doc` that is on and not modelled, in the file's key order."""
     entries = table("not_modelled").get(fmt, {})
-    return [f"{where}: {key}={shown(value)}: not modelled: {entries[key]['does']}; memfit estimates "
-            f"{entries[key]['memfit']}"
-            for key, value in doc.items() if key in entries and _on(value, entries[key])]
+    return [(line(where, key, value, entries[key]), entries[key]["errs"]) for key, value in doc.items()
+            if key in entries and _on(value, entries[key])]
+
+
+def caps(pairs: list[tuple[str, str]]) -> dict[str, list[str]]:
+    """The warnings of settings that can raise memory, by the ImportedConfig list they join (unread, unread_host)."""
+    out: dict[str, list[str]] = {"unread": [], "unread_host": []}
+    for warning, errs in pairs:
+        if errs in CAPS:
+            out[CAPS[errs]].append(warning)
+    return out

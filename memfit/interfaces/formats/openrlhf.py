@@ -83,7 +83,8 @@ def read(path_or_text, *, gpus: int | None = None, version: str | None = None) -
     model = _value(cmd, version, "model")
     return ImportedConfig(format=FORMAT, profile=PROFILE, knobs=knobs, text=text, doc=cmd, path=path,
                           model_name=model if isinstance(model, str) and not model.startswith("$") else None,
-                          world=world, variant=version, assumed=assumed, warnings=warnings)
+                          world=world, variant=version, assumed=assumed, warnings=warnings,
+                          unread=[w for w in warnings if "TOO LOW" in w])  # ZeRO++ hpZ's copy: it caps the verdict
 
 
 # --- writing -------------------------------------------------------------------------------------------

@@ -76,7 +76,8 @@ def knobs_of(cmd: Command, version: str, where: str, world: dict) -> tuple[dict,
             warnings.append(f"{where}: {flag_name(version, cmd.script, name)} {v(name)}: not modelled "
                             "(memfit assumes plain data parallelism)")
     if (v("zpg") or 1) > 1:
-        warnings.append(f"{where}: {flag_name(version, cmd.script, 'zpg')} {v('zpg')}: ZeRO++ hpZ not modelled")
+        warnings.append(f"{where}: {flag_name(version, cmd.script, 'zpg')} {v('zpg')}: ZeRO++ hpZ not modelled: a "
+                        "secondary copy of the parameters per node group; memfit estimates plain ZeRO: TOO LOW")
     global_batch = v("global_batch", True)
     world["global_batch"] = global_batch
     gpus = world.get("num_gpus")

@@ -22,6 +22,7 @@ from typing import Callable
 from memfit.interfaces.formats.base import ImportedConfig, bad, cannot, shown
 from memfit.interfaces.formats.openrlhf_knobs import _value, knobs_of
 from memfit.interfaces.formats.openrlhf_command import (FORMAT, PROFILE, RELEASES, Command, flag_name, flags_of)
+from memfit.interfaces.formats.not_modelled import caps, line
 from memfit.interfaces.formats.tables import table
 
 SCRIPT = "train_ppo_ray"
@@ -155,9 +156,9 @@ def _vllm(version: str, where: str, k: dict, v, warnings: list[str]) -> None:
     k["deepspeed_sleep"] = bool(v("deepspeed_sleep"))
 
 
-def _not_modelled(cmd: Command, version: str, where: str) -> list[str]:
-    """A warning for each flag of tables/not_modelled.json "openrlhf_ppo" the command sets away from its default
-    (entries with "given": on whenever the command gives the flag)."""
+def _not_modelled(cmd: Command, version: str, where: str) -> list[tuple[str, str]]:
+    """(warning, errs) for each flag of tables/not_modelled.json "openrlhf_ppo" the command sets away from its
+    default (entries with "given": on whenever the command gives the flag)."""
     out = []
     specs = flags_of(version, SCRIPT)
     for names, entry in table("not_modelled")["openrlhf_ppo"].items():
@@ -166,8 +167,7 @@ def _not_modelled(cmd: Command, version: str, where: str) -> list[str]:
                 continue
             value = cmd.flags[flag]
             if entry.get("given") or value != specs[flag].get("default"):
-                out.append(f"{where}: {flag}={shown(value)}: not modelled: {entry['does']}; memfit estimates "
-                           f"{entry['memfit']}")
+                out.append((line(where, flag, value, entry), entry["errs"]))
     return out
 
 
@@ -198,11 +198,13 @@ def read_ppo(cmd: Command, version: str, text: str, path, where: str, notes: lis
     vllm = f", vLLM {k['vllm_engines']} x tp {k['vllm_tp']}" if k["vllm_engines"] else ""
     assumed.insert(0, f"flag style of OpenRLHF {RELEASES[version]}")
     assumed.insert(1, f"{world['num_gpus']} GPUs for {summary}{vllm} (colocate {k['colocate']})")
-    warnings += _not_modelled(cmd, version, where) + notes
+    # the other reward models and generation without vLLM are memory memfit leaves out (TOO LOW): they cap too
+    unmodelled = [(w, "low") for w in warnings if "TOO LOW" in w] + _not_modelled(cmd, version, where)
+    warnings = [w for w in warnings if "TOO LOW" not in w] + [w for w, _ in unmodelled] + notes
     model = v("model")
     return ImportedConfig(format=FORMAT, profile=PROFILE, knobs=k, text=text, doc=cmd, path=path,
                           model_name=model if isinstance(model, str) and not model.startswith("$") else None,
-                          world=world, variant=version, assumed=assumed, warnings=warnings)
+                          world=world, variant=version, assumed=assumed, warnings=warnings, **caps(unmodelled))
 
 
 # what memfit's planner may change in a train_ppo_ray run (planner/space.py role_options); `ref_offload` is

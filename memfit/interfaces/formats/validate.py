@@ -9,7 +9,7 @@ and raises `ValidationFailed` with the framework's own message when it refuses.
 | deepspeed | `deepspeed.runtime.config.DeepSpeedConfig(dict)` (pydantic ZeRO / offload models) | deepspeed |
 | hf | `transformers.TrainingArguments(**d)` / `trl.SFTConfig` / `trl.DPOConfig` via `HfArgumentParser.parse_dict` | transformers, trl |
 | accelerate | `accelerate.commands.config.config_args.ClusterConfig.from_yaml_file`, then the `accelerate launch` argument names | accelerate |
-| llamafactory | `llamafactory.hparams.get_train_args(dict)` in LLaMA-Factory's own virtual environment, under `torchrun` | a venv with llamafactory |
+| llamafactory | `llamafactory.hparams.get_train_args(dict)` (a launch's flags: `(list)`) in LLaMA-Factory's own virtual environment, under `torchrun` | a venv with llamafactory |
 | openrlhf | the `argparse` parser of `openrlhf/cli/train_*.py`, rebuilt from the released source with `ast` | the openrlhf wheel (pip download, no install) |
 
 The `*_table()` functions derive the key tables memfit's core reads (`memfit/interfaces/formats/tables/`)
@@ -249,6 +249,13 @@ def validate_llamafactory(text: str, base_dir: Path | None = None) -> dict:
     doc["use_cpu"] = True
     doc.setdefault("output_dir", "/tmp/memfit-validate")
     return _result(_run_lf(doc, "parse", cwd=base_dir))
+
+
+def validate_llamafactory_flags(args: list[str], base_dir: Path | None = None) -> dict:
+    """`get_train_args` on a launch's `--key value` words, as LLaMA-Factory's src/train.py hands it sys.argv[1:]
+    (HfArgumentParser.parse_args_into_dataclasses, an unknown flag refused), in its venv under torchrun."""
+    extra = [] if "--output_dir" in args else ["--output_dir", "/tmp/memfit-validate"]
+    return _result(_run_lf([*args, "--use_cpu", "true", *extra], "parse", cwd=base_dir))
 
 
 def _result(stdout: str):

@@ -30,8 +30,9 @@ def add_lengths_arguments(p: argparse.ArgumentParser) -> None:
                         "Trainer (default: by the framework profile)")
 
 
-def lengths_report(a: argparse.Namespace, s):
-    """The report, or None without --lengths (its options alone are an error: they would do nothing)."""
+def lengths_report(a: argparse.Namespace, s, data=None):
+    """The report, or None without --lengths (its options alone are an error: they would do nothing). `data`: the
+    --lengths data the caller already read (read here otherwise)."""
     if not getattr(a, "lengths", None):
         _refuse_loader_options(a)
         return None
@@ -39,7 +40,7 @@ def lengths_report(a: argparse.Namespace, s):
     from memfit.interfaces.lengths.read import read_lengths
 
     batching = batching_of(a, s)
-    data = read_lengths(a.lengths, s.model)
+    data = data or read_lengths(a.lengths, s.model)
     report = predict(s, data, batching)
     if data.tokenizer:
         report.notes.insert(0, f"raw text counted with the tokenizer of {data.tokenizer} the way TRL's SFT counts "

@@ -61,7 +61,9 @@ def print_estimate(e) -> None:
     parts = ", ".join(f"{c.replace('_', ' ')} {gib(host.get(c))}" for c in CATEGORIES if host.get(c))
     con.print(f"host RAM per node peaks at {gib(host.total)} GiB in {e.host.peak_phase}: {parts}")
     style = VERDICT_STYLE[e.verdict]
-    verdict = f"[{style}]{e.verdict.upper()}[/]: device total {gib(e.device_total.peak.total)} GiB of " \
+    paged = e.group().evictable
+    held = f" ({gib(paged)} GiB of it paged optimizer states the driver may move to host RAM)" if paged else ""
+    verdict = f"[{style}]{e.verdict.upper()}[/]: device total {gib(e.device_total.peak.total)} GiB{held} of " \
               f"{gib(hw.gpu.memory_bytes)} GiB, margin {gib(e.margin_bytes)} GiB" + _band_text(e)
     if e.host_margin_bytes is not None:
         verdict += f"; host margin {gib(e.host_margin_bytes)} GiB"
@@ -70,6 +72,36 @@ def print_estimate(e) -> None:
         print_roles(e)
     if e.assumptions:
         con.print("[dim]assumed: " + "; ".join(e.assumptions) + "[/]")
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 86400:
+        return f"{seconds / 86400:.1f} days"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def print_speed(speed: dict, gpus: int) -> None:
+    """The step-time model's lines under the verdict: step time, tokens/s with the band measured rows land in,
+    and the whole run's wall-clock and cost when the data's size was given."""
+    con = console()
+    b = speed["band"]
+    tps = speed["tokens_per_s"]
+    con.print(f"speed: {tps:,.0f} tokens/s on {gpus} GPU{'s' * (gpus > 1)} ({tps * b['low']:,.0f}-{tps * b['high']:,.0f}"
+              f" for {b['coverage']:.0%} of measured runs), {speed['step_s']:.3g} s a step  [dim]memfit's step-time "
+              f"model (data/speed.toml)[/]")
+    run = speed.get("run")
+    if run is None:
+        con.print("[dim]add --tokens N (or --lengths DATA --epochs E) and --price-per-gpu-hour P for the run's "
+                  "wall-clock and cost[/]")
+        return
+    lo, hi = run["seconds_band"]
+    line = (f"run: {run['tokens']:,} tokens in {_duration(run['seconds'])} ({_duration(lo)}-{_duration(hi)}), "
+            f"{run['gpu_hours']:,.1f} GPU-hours")
+    if "cost" in run:
+        line += f", cost {run['cost']:,.2f} ({run['cost_band'][0]:,.2f}-{run['cost_band'][1]:,.2f})"
+    con.print(line)
 
 
 def print_comparison(estimated, other, other_name: str) -> None:

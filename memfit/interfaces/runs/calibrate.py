@@ -108,9 +108,10 @@ def _fragmentation(out: Calibration, by_rank: dict, e, runtime: Runtime) -> None
                      for v in by_rank.values()])
     peak = max(e.reserved.phases, key=lambda phase: e.reserved.phases[phase].total)  # reserved is a high-water mark
     estimated = e.reserved.phases[peak].total - e.allocated.phases[peak].total
-    if slack is None or estimated <= 0 or runtime.fragmentation_of_churn <= 0:
+    share = runtime.slack_share(e.scenario.tuning)  # the share the estimate used (reserved_profile)
+    if slack is None or estimated <= 0 or share <= 0:
         return
-    churn = estimated / runtime.fragmentation_of_churn
+    churn = estimated / share
     out.values["fragmentation_of_churn"] = round(min(1.0, slack / churn), 4)
     out.evidence["fragmentation_of_churn"] = (f"reserved - peak allocated {slack / GIB:.3f} GiB over the "
                                               f"{churn / GIB:.3f} GiB the estimate frees within a step")

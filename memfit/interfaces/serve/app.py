@@ -39,9 +39,13 @@ async def _json_body(request: Request):
 
 
 def _estimate_doc(body) -> dict:
+    """The document `memfit estimate --json` prints: the memory answer and the step-time model's (no run size
+    here: the page has no --tokens field)."""
+    from memfit.planner.throughput import speed_json
     from memfit.roles.estimate import estimate
 
-    return estimate(requests.scenario(body)).to_json()
+    result = estimate(requests.scenario(body))
+    return result.to_json() | {"speed": speed_json(result.scenario, None)}
 
 
 def _plan_doc(body) -> dict:

@@ -130,9 +130,11 @@ async function importFile(file) {
     const doc = await (await post("/api/import", {name: file.name, text: await file.text()})).json();
     fromFile = {};
     for (const [k, v] of Object.entries(doc.knobs)) if (!setField(k, v)) fromFile[k] = v;
+    if (doc.unread.length) fromFile.unread = doc.unread;  // what memfit could not read caps every verdict
     if (doc.model) { uploadedModel = null; setField("model", doc.model); }
     if (doc.profile) setField("profile", doc.profile);
-    const extra = Object.entries(fromFile).map(([k, v]) => k + "=" + JSON.stringify(v)).join(", ");
+    const extra = Object.entries(fromFile).filter(([k]) => k !== "unread")
+      .map(([k, v]) => k + "=" + JSON.stringify(v)).join(", ");
     document.getElementById("imported").textContent = doc.name + " (" + doc.format + ")" +
       (extra ? "; also from the file: " + extra : "");
     await update();

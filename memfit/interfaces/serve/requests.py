@@ -80,7 +80,7 @@ def canonical(body, extra: tuple[str, ...] = ()) -> dict:
     out: dict = {}
     names = spellings()
     for key, value in body.items():
-        if key in extra or key == "model_name":
+        if key in extra or key in ("model_name", "unread"):
             out[key] = value
             continue
         name = names.get(key)
@@ -172,7 +172,20 @@ def scenario(body, extra: tuple[str, ...] = ()):
     hw = hardware_from_args(ns)
     given = knobs_from_args(ns)
     typed = {k for k, v in given.items() if v is not None}
-    return build_scenario(model, hw, given, ns.profile or "hf-trainer", typed=typed)
+    s = build_scenario(model, hw, given, ns.profile or "hf-trainer", typed=typed)
+    return s.with_changes(unread=_unread(b.get("unread"))) if b.get("unread") else s
+
+
+MAX_UNREAD = 32  # settings of one imported file memfit could not read; each a line of at most 300 characters
+
+
+def _unread(value) -> tuple[str, ...]:
+    """An imported file's settings memfit could not read (/api/import's "unread"), sent back with each estimate:
+    they cap its verdict at "tight" as on the command line."""
+    if not isinstance(value, list) or len(value) > MAX_UNREAD or not all(
+            isinstance(v, str) and 0 < len(v) <= 300 for v in value):
+        raise FieldError(f"unread: a list of up to {MAX_UNREAD} lines of text (as /api/import returns)", "unread")
+    return tuple(value)
 
 
 # ---------------------------------------------------------------- the model

@@ -13,6 +13,9 @@ EXTRA = {
     "model": {"anyOf": [{"type": "string"}, {"type": "object"}],
               "description": "hub id or alias (see `memfit models`), or a config.json's content as an object"},
     "model_name": {"type": "string", "description": "display name of an uploaded config.json"},
+    "unread": {"type": "array", "items": {"type": "string"}, "maxItems": 32,
+               "description": "an imported file's settings memfit could not read (/api/import's unread): the verdict "
+                              "is then at most tight"},
     "allow": {"type": "array", "items": {"type": "string", "enum": ["lora", "qlora", "8bit"]},
               "description": "plan: changes to the training method you accept"},
     "global_batch": {"type": "integer", "description": "plan: micro-batch x grad accumulation x GPUs to keep"},
@@ -35,7 +38,7 @@ def _property(k: Knob) -> dict:
 
 def scenario_schema(endpoint: str) -> dict:
     props = {name: _property(k) for name, k in {**inputs(), **hardware(), **knobs()}.items() if name not in REFUSED}
-    props |= {"model": EXTRA["model"], "model_name": EXTRA["model_name"]}
+    props |= {"model": EXTRA["model"], "model_name": EXTRA["model_name"], "unread": EXTRA["unread"]}
     props |= {key: EXTRA[key] for key in EXTRA_KEYS[endpoint]}
     return {"type": "object", "required": ["model"], "properties": props, "additionalProperties": False}
 

@@ -36,11 +36,13 @@ def read_upload(body) -> dict:
         imported = MODULES[fmt].read(text)
     except MemfitError as e:
         raise FieldError(_named(str(e), name), "text") from None
-    from memfit.interfaces.cli.args import file_notes
+    from memfit.interfaces.cli.args import file_notes, file_unread
 
+    unread = [n.replace(imported.name, name) for n in file_unread(imported, host=False)]
     return {"name": name, "format": imported.format, "profile": imported.profile, "model": imported.model_name,
             "knobs": {k: _json(v) for k, v in imported.knobs.items() if v is not None},
-            "world": imported.world, "notes": [n.replace(imported.name, name) for n in file_notes(imported)]}
+            "world": imported.world, "unread": unread,
+            "notes": [n for n in (n.replace(imported.name, name) for n in file_notes(imported)) if n not in unread]}
 
 
 def _named(message: str, name: str) -> str:

@@ -19,9 +19,22 @@ forward to backward's end. In forward a layer's flat all-gather output outlives 
 two all-gather outputs, and the loss the tail's parameters and its output. A post-backward reshards, then copies the
 unsharded gradients into a reduce-scatter input: a layer's backward peaks with its gradients twice beside its
 parameters and the next unit's all-gather output.
+
+Reentrant checkpointing from the model's layer loop (transformers 4.x: data/releases.toml `checkpoint_from_loop`;
+measured, bench/accelerate_fsdp.py "transformers-4.48" rows, transformers 4.48.1 / accelerate 1.0.1 / peft 0.13.2):
+torch's CheckpointFunction recomputes each layer in backward from a detached copy of its input, a leaf, and the
+layer's FSDP1 unit runs its forward again on it. A unit whose flat parameter is frozen (PEFT's wrap policy puts LoRA's
+A and B in their own units) registers `_register_post_backward_reshard_only_hook` there: a multi-grad hook on its
+inputs that need a gradient, whose `grad_fns` keep the leaf's AccumulateGrad, so the leaf (the layer's saved input)
+and the gradient accumulated into it live until `_post_backward_final_callback` removes the hook as backward ends
+(torch 2.4.1 and 2.13.0 _runtime_utils.py, autograd/graph.py). When the first layer runs its backward every layer
+above it still holds both.
 """
 from __future__ import annotations
 
+from memfit.facts.releases import release_range
+from memfit.facts.versions import pinned
+from memfit.memory.activations import residual_bytes
 from memfit.memory.inventory import ParamTensor
 from memfit.memory.states import fsdp_units
 from memfit.memory.states.common import ModelStates, quantized_bytes, trainable_dtype_bytes
@@ -114,10 +127,31 @@ def _tied(s, z: _Sizes, ms: ModelStates, n: int) -> None:
     ms.gathered_end = int(z.root) + (int(z.layer) if s.fsdp_version == 2 else 0)
 
 
+def _checkpointed_from_loop(s) -> bool:
+    """The run's transformers checkpoints this family's layers from the model's loop (data/releases.toml)."""
+    version = dict(s.releases).get("transformers") or pinned()["transformers"]
+    return s.model.arch in release_range("transformers", version).get("checkpoint_from_loop", ())
+
+
+def _reentrant_inputs_held(s, tensors: list[ParamTensor]) -> int:
+    """The inputs of the layers above the first, and their gradients, held by FSDP1's reshard-only hooks when the
+    first layer runs its backward (the module docstring): the layers' units frozen, each recomputed by reentrant
+    checkpointing from the model's loop."""
+    if not (s.reentrant and s.checkpointing in ("full", "every_n") and _checkpointed_from_loop(s)):
+        return 0
+    if any(t.per_layer and t.trainable and not _own_unit(s, t) for t in tensors):  # the layer's unit trains
+        return 0
+    layers = s.model.num_layers if s.checkpointing == "full" else -(-s.model.num_layers // s.checkpoint_every_n)
+    layer_input = s.tokens_per_micro_batch * s.model.hidden_size * residual_bytes(s)
+    return 2 * max(layers - 1, 0) * layer_input
+
+
 def apply(s, tensors: list[ParamTensor], ms: ModelStates, n: int) -> None:
     if s.world_size < 2 or s.fsdp_strategy != "full_shard":
         return
     z = _Sizes(s, tensors)
     (_fsdp1 if s.fsdp_version == 1 else _fsdp2)(s, z, ms, n)
+    if s.fsdp_version == 1:
+        ms.layer_inputs_held = _reentrant_inputs_held(s, tensors)
     if s.model.tie_embeddings and z.embedding_grads:
         _tied(s, z, ms, n)

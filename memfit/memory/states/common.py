@@ -57,6 +57,9 @@ class ModelStates:
     autocast_cache: int = 0  # bf16 copies of fp32 weights cached during forward (docs/knobs.md H.4)
     autocast_cache_head: int = 0  # ... of which the output head's, saved for backward even under checkpointing
     recompute_casts: int = 0  # ... made again by a checkpointed layer's recompute, saved until its backward (FSDP)
+    # checkpointed layers' inputs and their gradients kept to backward's end, beside the first layer's backward
+    # (FSDP1's reshard-only hooks under reentrant checkpointing from the model's loop: states/accelerate_fsdp.py)
+    layer_inputs_held: int = 0
     grads_between_steps: int = 0  # gradient storage that exists during forward
     grads_after_backward: int = 0  # all gradient storage at the end of backward
     grads_unreduced: int = 0  # full-size grads of one module waiting for reduce-scatter
@@ -77,7 +80,9 @@ class ModelStates:
     step_temporaries: int = 0  # optimizer math temporaries (foreach lists, sub-group scratch)
     engine_buffers: int = 0  # reduce buckets, DDP buckets, offload staging (whole step)
     backward_buffers: int = 0  # buffers that exist only while backward reduces (ZeRO-1/2 IPG buckets)
-    load_transient: int = 0  # extra device bytes while the engine initializes (flatten copies, scratch)
+    # device bytes by category at each moment of the engine's initialization (flatten copies, scratch, states made
+    # at init), the load phase's candidates beside the steady states at load; empty: no such moment
+    load_moments: list[dict[str, int]] = field(default_factory=list)
     resume_host: int = 0  # extra host bytes per rank while a checkpoint loads
     paged_optimizer: int = 0  # cudaMallocManaged states: outside torch's counters, on the device
     host: list[HostBuffer] = field(default_factory=list)  # per rank

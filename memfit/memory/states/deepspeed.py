@@ -57,7 +57,8 @@ def _zero0(s, psi, frozen, lp) -> ModelStates:
         grads_unreduced=psi * lp if s.world_size > 1 else 0,  # buffered_allreduce_fallback flattens the grads
         optimizer=12 * psi,
         step_grads=8 * psi,  # per-param grad.to(fp32) list + the flattened fp32 grads
-        load_transient=4 * psi,  # Adam states come from a dummy step on zero fp32 grads at init
+        # Adam's states come from a dummy step on zero fp32 grads at init (fused_optimizer.py; measured 18 x psi)
+        load_moments=[{"weights": int(frozen) + psi * lp, "optimizer_states": 12 * psi, "gradients": 4 * psi}],
     )
 
 
@@ -75,8 +76,7 @@ def _zero12(s, tensors, psi, part, frozen, lp, accum) -> ModelStates:
     if s.contiguous_gradients or offload:
         ms.backward_buffers = s.reduce_bucket_size * lp * (2 if overlap(s) else 1) + min(
             s.reduce_bucket_size, psi) * lp  # buckets + flatten of the bucket being reduced
-    # flatten beside the module's params; then the fp32 master and a zero grad partition (on the host if offloaded)
-    ms.load_transient = psi * lp if offload else max(psi * lp, 8 * part)
+    ms.load_moments = _init_moments_zero12(s, ms.weights, psi * lp, part, offload)
     if not offload:
         ms.optimizer = 12 * part
         ms.step_grads = 6 * part  # flatten (accum dtype) then .to(fp32) of the partition
@@ -157,10 +157,11 @@ def _zero3(s, tensors, psi, frozen, lp, accum) -> ModelStates:
         # params anyway) and waited on before the next modules are prefetched: it adds to the working set
         working += block
     largest = largest_module([t for t in tensors if t.trainable])
+    biggest = largest_module(tensors) * lp  # the param made (or gathered) whole at init
+    model = int(frozen + psi * lp)
     ms = ModelStates()
     ms.weights = int((frozen + psi * lp) / n) + persistent * lp
     ms.gathered_forward = ms.gathered_backward = working * lp
-    ms.load_transient = 2 * part * lp  # defragment copies every partition into lp_param_buffer
     ms.grads_unreduced = largest * lp
     ms.engine_buffers = s.reduce_bucket_size * lp  # one IPG buffer in stage 3
     sub = min(s.sub_group_size, part)
@@ -171,13 +172,14 @@ def _zero3(s, tensors, psi, frozen, lp, accum) -> ModelStates:
     if s.offload_optimizer == "none":
         ms.grads_between_steps = ms.grads_after_backward = part * accum
         ms.optimizer = 12 * part
-        ms.load_transient += sub * 4  # fp32 gradient scratch of the largest sub-group, freed after init
+        ms.load_moments = _init_moments_zero3(s, ms.weights, model, biggest, part * lp, part, 4 * sub)
         # flatten + .to(fp32) per sub-group, beside get_grad_norm_direct's fp32 copy of the largest partition
         ms.step_temporaries = 6 * sub + 4 * -(-largest // n)
         return ms
     gpu_part = int(part * ratio_gpu_share(s, tensors))
     host_part = part - gpu_part
     ms.optimizer = 16 * gpu_part  # master + m + v + fp32 grad of the GPU-resident sub-groups
+    ms.load_moments = _init_moments_zero3(s, ms.weights, model, biggest, part * lp, gpu_part, 4 * gpu_part)
     ms.step_temporaries = 6 * min(sub, gpu_part) if gpu_part else 0
     pin = s.pin_memory
     ms.host += [
@@ -188,6 +190,38 @@ def _zero3(s, tensors, psi, frozen, lp, accum) -> ModelStates:
         HostBuffer(ADAM_MOMENTS, 8 * host_part, "optimizer_states"),
     ]
     return ms
+
+
+def _init_moments_zero12(s, weights: int, flat: int, part: int, offload: bool) -> list[dict[str, int]]:
+    """The device at DeepSpeedZeroOptimizer's initialization: the bf16 flat copy beside the module's own params
+    (freed into views of it), then the fp32 master and a zero fp32 grad partition (initialize_optimizer_states);
+    offloaded, both are host buffers. Adam's m, v exist then only under DeepSpeed < 0.13.2, which stepped once."""
+    flatten = {"weights": weights, "engine_buffers": flat}
+    if offload:
+        return [flatten]
+    adam = 8 * part if s.optimizer_init_step else 0
+    return [flatten, {"weights": weights, "optimizer_states": 4 * part + adam, "gradients": 4 * part}]
+
+
+def _init_moments_zero3(s, weights: int, model: int, largest: int, flat: int, gpu_part: int,
+                        grads: int) -> list[dict[str, int]]:
+    """The device while ZeRO-3 builds and initializes (0.19.8):
+    - building: zero.Init makes each param whole on the device and cuts this rank's partition from it
+      (partition_parameters.py); one param is whole at a time, the largest last, and one is all-gathered whole once
+      at init. Without zero.Init the engine moves the whole 16-bit module to the device first (engine.py
+      _configure_distributed_model: not a zero-init model);
+    - defragment copies the partitions into lp_param_buffer on the device (with offload_param into a pinned host
+      buffer instead: nothing on the device; stage3.py _create_fp16_partitions_with_defragmentation);
+    - each GPU sub-group's fp32 master beside `grads` (initialize_optimizer_states: one fp32 scratch of the largest
+      sub-group, freed at its end; with optimizer offload each sub-group kept on the GPU gets its own fp32 grad
+      buffer there). Under DeepSpeed < 0.13.2 a step per sub-group made Adam's m, v there too.
+    The IPG bucket is made after these."""
+    build = {"weights": weights, "engine_buffers": largest} if s.zero3_init else {"weights": model}
+    moments = [build, {"weights": weights, "engine_buffers": flat if s.offload_param == "none" else 0}]
+    if gpu_part:
+        adam = 8 * gpu_part if s.optimizer_init_step else 0
+        moments.append({"weights": weights, "optimizer_states": 4 * gpu_part + adam, "gradients": grads})
+    return moments
 
 
 def _offload_host_stage12(s, part: int, largest: int, lp: int) -> list[HostBuffer]:
