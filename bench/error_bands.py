@@ -24,7 +24,8 @@ measurements and the user reports of ../shared/cases), measured as coverage. The
 hash of their configuration; on one part the band is set as the narrowest FLOOR + FRACTION x estimate that covers
 95% of its rows' excess over the estimate (a floor because what a GPU run adds is partly a fixed amount: the
 context and library workspaces); the other part reports how many of its rows land outside. A kind with fewer than
-10 real rows says so and takes the widest measured real band. A verdict needs the larger of the two bands: real
+10 real rows says so and takes the widest measured real band of its tuning (a LoRA run does not carry
+bitsandbytes' uncertainty), or the widest of all when its tuning has none measured. A verdict needs the larger of the two bands: real
 runs can only widen a band, and no band ever moves an estimate.
 """
 from __future__ import annotations
@@ -169,20 +170,30 @@ def real_kinds(cpu_bands: dict[str, float]) -> dict[str, dict]:
         if len(rows) >= REAL_MIN_ROWS and fit and held:
             entry["floor"], entry["fraction"] = real_band(fit)
         out[kind] = entry
-    measured = [e for e in out.values() if "floor" in e]
+    measured = {k: e for k, e in out.items() if "floor" in e}
     reference = statistics.median(r.estimate for e in out.values() for r in e["rows_list"])
-    # the widest: the measured band with the largest margin at the real runs' median estimate
-    top = max(measured, key=lambda e: e["floor"] + e["fraction"] * reference, default=None)
-    wide = (top["floor"], top["fraction"]) if top else (0, 0.0)
-    out["widest"] = {"rows": 0, "fit_rows": 0, "held_out": 0, "rows_list": [], "held": [], "floor": wide[0],
-                     "fraction": wide[1],
-                     "of": next((k for k, e in out.items() if e is top), "")}
+    out["widest"] = _widest(measured, reference)
+    # a kind with too few runs takes the widest band of its own tuning where one is measured (a LoRA run does not
+    # carry bitsandbytes' uncertainty), else the widest of all
+    for tuning in sorted({k.split("/")[-1] for k in out if k != "widest"}):
+        same = {k: e for k, e in measured.items() if k.split("/")[-1] == tuning}
+        if same:
+            out[f"widest/{tuning}"] = _widest(same, reference)
     for kind, e in out.items():
         if "floor" not in e:
-            e["floor"], e["fraction"], e["stands_in"] = wide[0], wide[1], True
+            wide = out.get(f"widest/{kind.split('/')[-1]}", out["widest"])
+            e["floor"], e["fraction"], e["stands_in"] = wide["floor"], wide["fraction"], wide["of"]
         cpu = cpu_bands.get(kind, max(cpu_bands.values(), default=0.0))
         e["outside"] = sum(not covered(r, e["floor"], e["fraction"], cpu) for r in e.get("held", ()))
     return out
+
+
+def _widest(measured: dict[str, dict], reference: float) -> dict:
+    """The measured band with the largest margin at the real runs' median estimate."""
+    of = max(measured, key=lambda k: measured[k]["floor"] + measured[k]["fraction"] * reference, default="")
+    floor, fraction = (measured[of]["floor"], measured[of]["fraction"]) if of else (0, 0.0)
+    return {"rows": 0, "fit_rows": 0, "held_out": 0, "rows_list": [], "held": [], "floor": floor,
+            "fraction": fraction, "of": of}
 
 
 def _real_section(kinds: dict[str, dict]) -> list[str]:
@@ -198,16 +209,19 @@ def _real_section(kinds: dict[str, dict]) -> list[str]:
            'sha256 order, alternately on each side: the band is set on the fit part, the held_out part reports how '
            'many of its rows land outside"\n']
     wide = kinds.pop("widest")
-    out += ["[real_widest]  # what a kind with fewer real rows, or none, takes",
-            f'kind = "{wide["of"]}"', f"floor_gib = {wide['floor'] / GIB:.2f}", f"fraction = {_num(wide['fraction'])}\n"]
+    by_tuning = {k.split("/", 1)[1]: kinds.pop(k)["of"] for k in [k for k in kinds if k.startswith("widest/")]}
+    out += ["[real_widest]  # what a kind with fewer real rows, or none, takes when its tuning has no measured kind",
+            f'kind = "{wide["of"]}"', f"floor_gib = {wide['floor'] / GIB:.2f}", f"fraction = {_num(wide['fraction'])}\n",
+            "[real_widest_of]  # per tuning: the measured kind whose band the tuning's kinds with too few rows take",
+            *(f'{t} = "{k}"' for t, k in sorted(by_tuning.items())), ""]
     for kind, e in kinds.items():
         rel = [r.relative for r in e["rows_list"]]
-        note = (f"  # fewer than {REAL_MIN_ROWS} real rows: the widest measured real band (the largest margin at the "
-                f"real runs' median estimate)" if e.get("stands_in") else "")
+        note = (f"  # fewer than {REAL_MIN_ROWS} real rows: {e['stands_in']}'s band, the widest measured of its tuning "
+                f"(the largest margin at the real runs' median estimate)" if e.get("stands_in") else "")
         out += [f'[real."{kind}"]', f"rows = {e['rows']}", f"fit_rows = {e['fit_rows']}",
                 f"held_out = {e['held_out']}", f"held_out_outside = {e['outside']}",
                 f"floor_gib = {e['floor'] / GIB:.2f}{note}", f"fraction = {_num(e['fraction'])}",
-                f"stands_in = {'true' if e.get('stands_in') else 'false'}",
+                f'stands_in = "{e.get("stands_in") or ""}"',
                 f"relative = {_list(rel)}\n"]
     return out
 

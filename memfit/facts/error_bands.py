@@ -87,7 +87,8 @@ class Band:
         text = (f"error band {self.fraction_at(peak):.1%} of the device total for {self.kind} runs, the larger of: "
                 f"real GPU runs {self.floor / 2**30:.2f} GiB + {self.real_fraction:.1%} ("
                 + (f"{self.real_rows} real runs of this kind" if not self.real_stands_in else
-                   f"{self.real_rows} real runs of this kind, too few: the widest measured, {self.real_stands_in}'s")
+                   f"{self.real_rows} real runs of this kind, too few: the widest measured of its tuning, "
+                   f"{self.real_stands_in}'s")
                 + f"; data/error_bands.toml), and the CPU benches {self.fraction:.1%} ({self.measured:.1%} measured + "
                   f"{self.allowance:.1%} allowed for what they cannot see: fragmentation, NCCL, library workspaces; "
                   f"data/error_allowances.toml)")
@@ -128,18 +129,20 @@ def band_for(kind: str) -> Band:
 
 
 def real_band(kind: str) -> dict:
-    """The real runs' band of a kind: its own when it has enough real runs, else the widest measured (with its
-    runs' shares for the chance of OOM)."""
+    """The real runs' band of a kind: its own when it has enough real runs, else the widest measured of its tuning
+    (the widest of all when its tuning has none), with that kind's runs' shares for the chance of OOM."""
     real = table().get("real", {})
     row = real.get(kind)
     wide = table().get("real_widest")
     if wide is None:
         return {}
     if row is None or row["stands_in"]:
-        source = real.get(wide["kind"], {})
-        return {"floor": int(wide["floor_gib"] * 2**30), "real_fraction": wide["fraction"],
-                "real_rows": row["rows"] if row else 0, "real": tuple(source.get("relative", ())),
-                "real_stands_in": wide["kind"]}
+        tuning = kind.split("/", 1)[-1]
+        source = row["stands_in"] if row else table().get("real_widest_of", {}).get(tuning, wide["kind"])
+        src = real[source]
+        return {"floor": int(src["floor_gib"] * 2**30), "real_fraction": src["fraction"],
+                "real_rows": row["rows"] if row else 0, "real": tuple(src.get("relative", ())),
+                "real_stands_in": source}
     return {"floor": int(row["floor_gib"] * 2**30), "real_fraction": row["fraction"], "real_rows": row["rows"],
             "real": tuple(row["relative"])}
 

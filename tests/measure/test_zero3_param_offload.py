@@ -37,14 +37,19 @@ def test_partitions_sit_in_pinned_host_memory(measured):
         assert not any(name.startswith("zero3.fp16_partitioned_groups_flat@device") for name in b)
 
 
+SCRATCH = 16 * 1024  # a collective's small scratch, seen at 1-8,193 bytes depending on the ranks' timing
+
+
 def test_loading_adds_no_device_copy_and_the_estimate_agrees(measured):
     s, result = measured
     numels = param_numels(s.model)
     persistent = sum(n for n in numels if n <= PERSIST)
     gathered = 2 * max(numels)  # one param is all-gathered once while the engine initializes
+    copy = 2 * sum(math.ceil(n / N) for n in numels)  # what the old estimate charged: a copy of the partitions
+    assert copy > 4 * SCRATCH  # the scratch allowed cannot hide such a copy
     est = estimate(s).allocated.phases["load"]
     for rank in result.ranks:
         load = rank.device.phases["load"]
         # the IPG bucket, the persistent params and that one gathered param: no copy of the partitions
-        assert load.total <= 2 * BUCKET + 2 * persistent + gathered
-        assert est.total - est.get("runtime_overhead") == pytest.approx(load.total, abs=gathered)
+        assert load.total <= 2 * BUCKET + 2 * persistent + gathered + SCRATCH
+        assert est.total - est.get("runtime_overhead") == pytest.approx(load.total, abs=gathered + SCRATCH)
