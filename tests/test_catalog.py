@@ -5,6 +5,7 @@ from memfit.facts.catalog import find_gpu, find_model, gpus, models
 from memfit.errors import MemfitError
 from memfit.memory.inventory import count_params
 from shared_cases import CASES as SHARED_CASES
+from shared_support import shared as shared_file
 
 
 @pytest.mark.parametrize("model", models(), ids=lambda m: m.id)
@@ -47,7 +48,7 @@ def test_every_model_named_in_the_cases_is_in_the_catalog():
 
     shared = SHARED_CASES
     for file in ("published.jsonl", "user-reports.jsonl"):
-        for line in (shared / file).read_text().splitlines():
+        for line in shared_file(shared / file).read_text().splitlines():
             name = re.sub(r"\s*\(.*\)$", "", json.loads(line)["model"]).strip()
             find_model(name)
 

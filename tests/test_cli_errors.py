@@ -85,7 +85,7 @@ def test_bad_knobs(argv, needle, capsys):
 
 
 def test_console_script_prints_no_traceback():
-    out = subprocess.run([sys.executable, "-m", "memfit.interfaces.cli.main", "estimate", "no-such-model", "--gpu", "a100"],
+    out = subprocess.run([sys.executable, "-m", "memfit.interfaces.cli.main", "estimate", "no-such-model", "--gpu", "a100-80gb"],
                          capture_output=True, text=True)
     assert out.returncode == 2
     assert "Traceback" not in out.stderr and out.stderr.startswith("memfit: error: unknown model")

@@ -212,3 +212,57 @@ def test_an_unreachable_hub_is_one_line_without_the_librarys_retry_warnings(monk
         http.removeHandler(handler)
     assert "\n" not in str(err.value) and seen.getvalue() == ""
     assert logging.getLogger("huggingface_hub").level != logging.ERROR  # the level is given back
+
+
+@pytest.fixture
+def unreachable_hub(hf_cache, monkeypatch):
+    """The HF cache of `hf_cache` with HF_HUB_OFFLINE unset and the hub at an endpoint nothing answers: a
+    blackholed address (RFC 5737 TEST-NET-1) whose connect hangs, so the reachability check's timeout is what
+    ends it, on a machine with a network as on one without."""
+    from huggingface_hub import constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    for proxy in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(proxy, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "https://192.0.2.1")
+    monkeypatch.setattr(constants, "ENDPOINT", "https://192.0.2.1")
+    hub._reach.clear()
+    yield hf_cache
+    hub._reach.clear()
+
+
+def test_an_unreachable_hub_fails_fast_with_one_line_saying_offline(unreachable_hub):
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(MemfitError) as err:
+        find_model("acme/not-cached")
+    assert time.monotonic() - start < 2  # the library's own retries take ~25 s
+    message = str(err.value)
+    assert "offline: using the HF cache only" in message and "192.0.2.1" in message and "\n" not in message
+    assert hub._reach == {("192.0.2.1", 443): False}  # checked once, and remembered
+
+
+def test_an_unreachable_hub_still_reads_what_the_cache_holds(unreachable_hub, tmp_path):
+    put_in_cache(unreachable_hub, "acme/tiny-qwen", config_folder(tmp_path / "m", QWEN2))
+    assert find_model("acme/tiny-qwen").num_layers == QWEN2["num_hidden_layers"]
+
+
+def test_the_cli_on_an_unreachable_hub_is_one_line_and_never_a_traceback(unreachable_hub):
+    out = run_cli("estimate", "acme/not-cached", "--gpu", "a100-80gb")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "offline: using the HF cache only" in out.stderr
+
+
+def test_the_reachability_check_connects_through_the_proxy_the_library_would_use(unreachable_hub, monkeypatch):
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
+    monkeypatch.setenv("NO_PROXY", "")
+    assert hub._address() == ("proxy.internal", 3128)
+    monkeypatch.delenv("HTTPS_PROXY")
+    assert hub._address() == ("192.0.2.1", 443)
+
+
+def test_offline_mode_says_it_uses_the_cache_only(hf_cache):
+    with pytest.raises(MemfitError, match="offline: using the HF cache only: HF_HUB_OFFLINE is set"):
+        find_model("acme/not-cached")

@@ -15,6 +15,7 @@ from memfit.facts.scenario import Hardware
 from memfit.interfaces.cli.main import main
 from memfit.roles.estimate import estimate
 from shared_cases import CASES as SHARED_CASES
+from shared_support import shared
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ["estimate", "qwen2-7b", "--gpu", "rtx4090"]
@@ -59,7 +60,7 @@ def _real_values() -> dict[str, list[int]]:
             "lora_rank": "lora_rank", "lora_alpha": "lora_alpha", "num_gpus": "gpus_per_node"}
     out: dict[str, list[int]] = {k: [] for k in keys.values()}
     for name in ("published.jsonl", "user-reports.jsonl"):
-        for line in (SHARED_CASES / name).read_text().splitlines():
+        for line in shared(SHARED_CASES / name).read_text().splitlines():
             case = json.loads(line) if line.strip() else {}
             for key, knob in keys.items():
                 if isinstance(case.get(key), int):

@@ -18,6 +18,8 @@ from memfit.interfaces.cli.main import main
 from memfit.memory.phases import TIGHT_FRACTION, required_margin, verdict_of
 from memfit.planner.plan import plan
 from memfit.roles.estimate import estimate
+from shared_cases import PUBLISHED
+from shared_support import shared
 
 ROOT = Path(__file__).resolve().parent.parent
 GiB = 2**30
@@ -163,6 +165,7 @@ def test_a_kind_with_few_real_runs_takes_the_widest_real_band_of_its_tuning_and_
 
 
 def test_the_real_band_is_set_on_one_part_and_its_coverage_reported_on_the_other():
+    shared(PUBLISHED)  # the real runs are rows of the team's cases
     bench = _bench_module()
     kinds = bench.real_kinds({})
     measured = {k: e for k, e in kinds.items() if not k.startswith("widest") and not e.get("stands_in")}
@@ -193,10 +196,12 @@ def test_the_estimate_carries_band_and_chance_in_json(scenario):
 
 
 def test_the_table_agrees_with_the_stored_bench_files():
+    shared(PUBLISHED)
     assert _bench_module().main(["--check"]) == 0
 
 
 def test_the_check_fails_when_the_table_disagrees(tmp_path, monkeypatch):
+    shared(PUBLISHED)
     bench = _bench_module()
     lines = TABLE.read_text().splitlines(keepends=True)
     first = next(i for i, x in enumerate(lines) if x.startswith("band = "))

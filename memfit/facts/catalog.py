@@ -1,4 +1,4 @@
-"""Load the model and GPU catalogs (TOML data files beside this module) and resolve names.
+"""Load the model catalog (TOML data files beside this module) and resolve model names (GPUs: gpu_catalog.py).
 
 A model name resolves by hub id or alias, case-insensitively, with or without the org; a path to a
 local `config.json` (or a folder holding one) of a supported architecture works too, and so does a hub id the
@@ -6,7 +6,6 @@ catalog does not list, read through huggingface_hub (hub.py) when the extra is i
 """
 from __future__ import annotations
 
-import difflib
 import json
 import tomllib
 from dataclasses import dataclass, field, fields, replace
@@ -16,6 +15,9 @@ from pathlib import Path
 from memfit.errors import MemfitError
 from memfit.facts.activation_table import activation_saved, known_activation
 from memfit.facts import hub
+# the GPU catalog lives in gpu_catalog.py; its names stay importable from here, where most callers look
+from memfit.facts.gpu_catalog import GpuSpec, custom_gpu, find_gpu, gpus  # noqa: F401
+from memfit.facts.names import norm, suggest, unknown_key
 
 HERE = Path(__file__).parent / "data"
 
@@ -73,6 +75,7 @@ class ModelSpec:
     published_params: int | None = None
     quantization: str | None = None
     gptq_group_size: int = 128
+    gptq_desc_act: bool = False  # the checkpoint's act-order flag (quantize_config), recorded; no memory effect modelled
     aliases: tuple[str, ...] = ()
     params_source: str = ""
     config_source: str = ""
@@ -129,28 +132,30 @@ class ModelSpec:
         return self.num_experts > 0
 
 
-@dataclass(frozen=True)
-class GpuSpec:
-    id: str
-    name: str
-    memory_bytes: int
-    bf16_tflops: float = 0.0
-    memory_bandwidth_gbps: float = 0.0
-    interconnect: str = "pcie"
-    interconnect_gbps: float = 32.0
-    compute_capability: float = 8.0
-    aliases: tuple[str, ...] = ()
-    source: str = ""
-
-
 _MODEL_FIELDS = {f.name for f in fields(ModelSpec)}
-_GPU_FIELDS = {f.name for f in fields(GpuSpec)}
+
+
+# keys of an architectures.toml family beyond the ModelSpec facts it sets for its models
+_FAMILY_KEYS = {"hf_model_types", "config_keys", "config_switches", "peft_stacked_experts",
+                "config_intermediate_divisor", "intermediate_default_multiple", "linear_names"}
 
 
 @cache
 def architectures() -> dict[str, dict]:
     with open(HERE / "architectures.toml", "rb") as f:
-        return tomllib.load(f)
+        data = tomllib.load(f)
+    for name, family in data.items():
+        for key in family:
+            if key not in _MODEL_FIELDS and key not in _FAMILY_KEYS:
+                raise unknown_key(f"architectures.toml [{name}]", key, _MODEL_FIELDS | _FAMILY_KEYS)
+    return data
+
+
+def _family_extras(family: dict) -> set[str]:
+    """Keys a model of this family may carry beyond ModelSpec: what its config_keys and config_switches read
+    (DeepSeek's MLA ranks, T5's decoder layers, ...), kept in ModelSpec.extra."""
+    switched = {k for cases in family.get("config_switches", {}).values() for sets in cases.values() for k in sets}
+    return (set(family.get("config_keys", {})) | switched) - _MODEL_FIELDS
 
 
 def _build_model(entry: dict, source: str) -> ModelSpec:
@@ -161,6 +166,10 @@ def _build_model(entry: dict, source: str) -> ModelSpec:
     family = archs[arch]
     merged = dict(ARCH_DEFAULTS)
     merged.update({k: v for k, v in family.items() if k in _MODEL_FIELDS})
+    allowed = _MODEL_FIELDS | _family_extras(family)
+    for key in entry:
+        if key not in allowed:
+            raise unknown_key(source, key, allowed)
     merged.update(entry)
     merged.setdefault("linear_names", family.get("linear_names", {}))
     if "head_dim" not in merged and "hidden_size" in merged and "num_heads" in merged:
@@ -187,41 +196,12 @@ def models() -> tuple[ModelSpec, ...]:
 
 
 @cache
-def gpus() -> tuple[GpuSpec, ...]:
-    with open(HERE / "gpus.toml", "rb") as f:
-        data = tomllib.load(f)
-    casts = {"aliases": tuple, "compute_capability": float, "memory_bytes": int}
-    return tuple(
-        GpuSpec(**{k: casts.get(k, lambda x: x)(v) for k, v in g.items() if k in _GPU_FIELDS})
-        for g in data.get("gpu", [])
-    )
-
-
-def _norm(name: str) -> str:
-    return name.strip().lower().replace("_", "-").replace(" ", "-")
-
-
-@cache
 def _model_index() -> dict[str, ModelSpec]:
     index: dict[str, ModelSpec] = {}
     for m in models():
         for key in (m.id, m.id.split("/")[-1], *m.aliases):
-            index.setdefault(_norm(key), m)
+            index.setdefault(norm(key), m)
     return index
-
-
-@cache
-def _gpu_index() -> dict[str, GpuSpec]:
-    index: dict[str, GpuSpec] = {}
-    for g in gpus():
-        for key in (g.id, g.name, *g.aliases):
-            index.setdefault(_norm(key), g)
-    return index
-
-
-def _suggest(name: str, candidates) -> str:
-    close = difflib.get_close_matches(_norm(name), list(candidates), n=3, cutoff=0.5)
-    return f"; did you mean: {', '.join(close)}?" if close else ""
 
 
 def _is_local(name: str) -> bool:
@@ -238,18 +218,18 @@ def find_model(name: str) -> ModelSpec:
     if _is_local(name):
         return model_from_config_file(Path(name).expanduser())
     index = _model_index()
-    key = _norm(name)
+    key = norm(name)
     if key in index:
         return index[key]
-    tail = _norm(name.split("/")[-1])
+    tail = norm(name.split("/")[-1])
     if tail in index:
         return index[tail]
     if hub.looks_like_hub_id(name):
         try:
             return _hub_model(name.strip())
         except hub.HubError as e:
-            raise MemfitError(f"unknown model {name!r}: not in the catalog; {e}{_suggest(name, index)}") from None
-    raise MemfitError(f"unknown model {name!r}{_suggest(name, index)} (see `memfit models`, or pass a config.json)")
+            raise MemfitError(f"unknown model {name!r}: not in the catalog; {e}{suggest(name, index)}") from None
+    raise MemfitError(f"unknown model {name!r}{suggest(name, index)} (see `memfit models`, or pass a config.json)")
 
 
 @cache  # once per process; huggingface_hub's own cache keeps the file across processes
@@ -260,25 +240,6 @@ def _hub_model(name: str) -> ModelSpec:
     spec = model_from_config_file(config)
     return replace(spec, id=name, config_source=f"hub {repo_id}@{config.parent.name}",
                    hub_param_count=hub.param_count(repo_id, config))
-
-
-def find_gpu(name: str) -> GpuSpec:
-    index = _gpu_index()
-    key = _norm(name)
-    for candidate in (key, key.removeprefix("nvidia-"), key.removeprefix("geforce-")):
-        if candidate in index:
-            return index[candidate]
-    raise MemfitError(f"unknown GPU {name!r}{_suggest(name, index)} (see `memfit gpus`, or give --gpu-mem 24GiB)")
-
-
-def custom_gpu(memory_bytes: int, like: GpuSpec | None = None) -> GpuSpec:
-    """A GPU known only by its memory; speed facts borrowed from `like` (or an A100-class default)."""
-    if memory_bytes <= 0:
-        raise MemfitError(f"--gpu-mem must be positive, got {memory_bytes} bytes")
-    base = like or GpuSpec(id="custom", name="custom", memory_bytes=memory_bytes, bf16_tflops=312.0,
-                           memory_bandwidth_gbps=2000.0, compute_capability=8.0)
-    return GpuSpec(**{**base.__dict__, "id": f"custom-{memory_bytes}", "name": f"{base.name} ({memory_bytes / 2**30:.1f} GiB)",
-                      "memory_bytes": memory_bytes})
 
 
 def _config_file(path: Path) -> Path:

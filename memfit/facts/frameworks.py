@@ -9,6 +9,7 @@ from functools import cache
 
 from memfit.errors import MemfitError
 from memfit.facts.catalog import HERE
+from memfit.facts.names import unknown_key
 
 FOLDER = HERE / "frameworks"
 
@@ -34,12 +35,34 @@ class Framework:
         return self.defaults | {k: v for k, v in rule.items() if k not in ("capability", "read")}
 
 
+TABLES = {"description", "defaults", "deepspeed", "plan", "methods", "model_code", "fsdp", "defaults_below_capability"}
+
+
+def _check_keys(doc: dict, name: str) -> None:
+    """A profile's tables and default knobs are ones memfit reads: a mistyped name is an error, not a silent default.
+    The knob names come from the knob table's file itself (knobs.py imports this module's callers)."""
+    for key in doc:
+        if key not in TABLES:
+            raise unknown_key(f"frameworks/{name}.toml", key, TABLES)
+    for key in (*doc.get("defaults", {}), *(k for k in doc.get("defaults_below_capability", {})
+                                            if k not in ("capability", "read"))):
+        if key not in _knob_names():
+            raise unknown_key(f"frameworks/{name}.toml [defaults]", key, _knob_names())
+
+
+@cache
+def _knob_names() -> frozenset[str]:
+    with open(HERE / "knobs.toml", "rb") as f:
+        return frozenset(tomllib.load(f)["knob"])
+
+
 @cache
 def frameworks() -> dict[str, Framework]:
     out = {}
     for path in sorted(FOLDER.glob("*.toml")):
         with open(path, "rb") as f:
             doc = tomllib.load(f)
+        _check_keys(doc, path.stem)
         out[path.stem] = Framework(path.stem, doc["description"], doc["defaults"], doc["deepspeed"]["auto"],
                                    doc["plan"], doc["methods"], doc.get("model_code", {}), doc.get("fsdp", {}),
                                    doc.get("defaults_below_capability", {}))

@@ -2,9 +2,10 @@
 local HF cache has it, the parameter count of its safetensors (a check of memfit's own count).
 
 `huggingface_hub` is an optional extra (memfit[hub]), imported only inside these functions so the core runs
-without it. The library itself honours HF_TOKEN, HF_HOME / HF_HUB_CACHE and HF_HUB_OFFLINE and keeps what it
-downloads in its cache across processes; memfit only adds `hub.json` in its own cache folder for the counts the
-hub's API gave, so a count asked for once is not asked for again.
+without it. The library itself honours HF_TOKEN, HF_HOME / HF_HUB_CACHE, HF_ENDPOINT and HF_HUB_OFFLINE and keeps
+what it downloads in its cache across processes. Offline (HF_HUB_OFFLINE, or one short connect to the hub failing)
+memfit reads the cache only, so a lookup never waits on the library's retries. memfit only adds `hub.json` in its
+own cache folder for the counts the hub's API gave, so a count asked for once is not asked for again.
 """
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import logging
 import math
 import os
 import re
+import socket
 import struct
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,6 +26,9 @@ from memfit.errors import MemfitError
 _HUB_ID = re.compile(r"[\w][\w.-]*/[\w.-]+(@\S+)?")
 # safetensors' own reader refuses longer headers; a longer one is not a safetensors file
 _MAX_HEADER = 100 * 2**20
+# seconds one TCP connect to the hub (or its proxy) may take before memfit reads the cache only: the library's own
+# retries of an unreachable hub take ~25 s, in silence, before the same error
+REACH_TIMEOUT = 1.5
 
 
 class HubError(MemfitError):
@@ -53,7 +59,7 @@ def repo_file(repo_id: str, filename: str, revision: str | None, instead: str) -
     download = huggingface_hub.hf_hub_download  # imported lazily: the import sets the library's log level
     try:
         with _library_quiet():
-            return Path(download(repo_id, filename, revision=revision))
+            return Path(download(repo_id, filename, revision=revision, local_files_only=_offline()))
     except Exception as e:  # noqa: BLE001 - every failure of the library becomes one line naming the fix
         raise HubError(_explain(e, repo_id, revision, filename)) from None
 
@@ -81,9 +87,11 @@ def _explain(e: Exception, repo_id: str, revision: str | None, filename: str = "
         return f"the Hugging Face hub repo {repo_id} has no revision {revision!r}"
     if isinstance(e, errors.LocalEntryNotFoundError):
         if constants.is_offline_mode():
-            return f"HF_HUB_OFFLINE is set and {repo_id} is not in the HF cache ({constants.HF_HUB_CACHE})"
-        return (f"cannot reach the Hugging Face hub for {repo_id} and it is not in the HF cache; check the network "
-                f"(or proxy), or set HF_HUB_OFFLINE=1 to use the cache only")
+            return (f"offline: using the HF cache only: HF_HUB_OFFLINE is set and {repo_id} is not in the HF cache "
+                    f"({constants.HF_HUB_CACHE}); unset it to download, or pass a config.json")
+        return (f"offline: using the HF cache only: cannot reach the Hugging Face hub ({_address()[0]}) for {repo_id} "
+                f"and it is not in the HF cache ({constants.HF_HUB_CACHE}); check the network (or proxy), or pass "
+                f"a config.json")
     if isinstance(e, errors.EntryNotFoundError):
         return f"the Hugging Face hub repo {repo_id} has no {filename}"
     if isinstance(e, errors.HFValidationError):
@@ -119,9 +127,48 @@ def param_count(repo_id: str, config: Path) -> int | None:
 
 
 def _offline() -> bool:
+    """HF_HUB_OFFLINE, or a hub this process found unreachable: then only the HF cache is read."""
     from huggingface_hub import constants
 
-    return constants.is_offline_mode()
+    return constants.is_offline_mode() or not _reachable(*_address())
+
+
+def _address() -> tuple[str, int]:
+    """Where a request to the hub first connects: the proxy the library would use, else the endpoint's host
+    (HF_ENDPOINT: a mirror)."""
+    from urllib.parse import urlsplit
+    from urllib.request import getproxies, proxy_bypass
+
+    from huggingface_hub import constants
+
+    url = urlsplit(constants.ENDPOINT)
+    proxy = getproxies().get(url.scheme) if url.hostname and not proxy_bypass(url.hostname) else None
+    if proxy:
+        url = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    return url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+
+
+_reach: dict[tuple[str, int], bool] = {}  # once per process: a second lookup does not wait again
+
+
+def _reachable(host: str, port: int) -> bool:
+    """One TCP connect within REACH_TIMEOUT, name lookup included (getaddrinfo has no timeout of its own, so the
+    connect runs in a thread that is left behind if it hangs)."""
+    if (host, port) not in _reach:
+        done: list[bool] = []
+
+        def connect() -> None:
+            try:
+                socket.create_connection((host, port), timeout=REACH_TIMEOUT).close()
+                done.append(True)
+            except OSError:
+                done.append(False)
+
+        worker = threading.Thread(target=connect, daemon=True)
+        worker.start()
+        worker.join(REACH_TIMEOUT + 0.1)
+        _reach[(host, port)] = done[:1] == [True]  # still hanging: unreachable
+    return _reach[(host, port)]
 
 
 def _api_count(repo_id: str, commit: str) -> int | None:

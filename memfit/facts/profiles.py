@@ -161,7 +161,7 @@ def build_scenario(model: ModelSpec, hardware: Hardware, knobs_given: dict, prof
     s = Scenario(model=model, hardware=hardware, profile=profile_name, releases=releases, assumed=tuple(assumed),
                  **values)
     notes = [text for name, text in moved.items() if inert_because(s, name) is None]  # only where it acts
-    notes += _inert(s, given, typed) + _beyond_positions(s) + _machine(hardware) + loss_notes(s)
+    notes += _inert(s, given, typed) + beyond_positions(s) + _machine(hardware) + loss_notes(s)
     ignored = ignored_checkpointing(s.model.arch, profile_name) if s.checkpointing != "off" else None
     if ignored:  # a remote-code file that never turns the checkpointing the framework asks for on
         s, notes = replace(s, checkpointing="off"), notes + [ignored]
@@ -252,7 +252,7 @@ def _attention_kernel(values: dict, model: ModelSpec, typed: bool, given: bool, 
                                                 else " (it falls back to eager)"))
 
 
-def _beyond_positions(s: Scenario) -> list[str]:
+def beyond_positions(s: Scenario) -> list[str]:
     """A warning, not an error: RoPE-scaled runs past the trained length exist. 0 positions = unknown, no warning."""
     limit, tokens = s.model.max_position_embeddings, s.seq_len + s.virtual_tokens_in_use
     if not limit or tokens <= limit:

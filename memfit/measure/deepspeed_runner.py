@@ -164,7 +164,7 @@ class DeepSpeedRunner(Runner):
                 tk.claim(p.data, "weights", "device", name)
             if getattr(p, "ds_tensor", None) is not None:
                 tk.claim(p.ds_tensor, "weights", param_side, "zero3.param_partitions")
-        for name, b in module.named_buffers():
+        for b in module.buffers():
             tk.claim(b, "weights", "device", "module.buffers")
         for t in opt.fp16_partitioned_groups_flat:
             tk.claim(t, "weights", param_side, "zero3.fp16_partitioned_groups_flat")

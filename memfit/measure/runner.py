@@ -83,11 +83,11 @@ class Runner:
         self.tk.context = "logits"  # backward starts at the loss and the logits
 
     def claim_params(self, module, side="device", skip=()):
-        for name, p in module.named_parameters():
+        for p in module.parameters():
             if id(p) in skip:
                 continue
             self.tk.claim(p.data if not hasattr(p, "_local_tensor") else p, "weights", side, "module.params")
-        for name, b in module.named_buffers():
+        for b in module.buffers():
             self.tk.claim(b, "weights", side, "module.buffers")
 
     def claim_grads(self, module, side="device", name="param.grad"):

@@ -62,8 +62,21 @@ def row(c: Candidate, changes: tuple[Change, ...]) -> PlanRow:
                    decided_by=e.decided_by)
 
 
-def plan(base: Scenario, allow: set[str] | None = None, global_batch: int | None = None,
-         top_k: int = 5, options: Options = Options(), keep: Keep = Keep()) -> list[PlanRow]:
+@dataclass(frozen=True)
+class Searched:
+    """The plan rows and what the search spent on them: `cut_short` when the budget of estimates ran out first."""
+
+    rows: list[PlanRow]
+    estimates: int
+    budget: int
+    cut_short: bool
+
+    def to_json(self) -> dict:
+        return {"estimates": self.estimates, "budget": self.budget, "cut_short": self.cut_short}
+
+
+def search_plans(base: Scenario, allow: set[str] | None = None, global_batch: int | None = None,
+                 top_k: int = 5, options: Options = Options(), keep: Keep = Keep()) -> Searched:
     """The `top_k` fastest configurations that fit (device and host), derived from `base`.
 
     `allow` may contain "lora", "qlora" (tuning changes) and "8bit" (8-bit optimizer states). The global
@@ -74,7 +87,14 @@ def plan(base: Scenario, allow: set[str] | None = None, global_batch: int | None
     search, rows = run_search(base, check_allow(allow), global_batch, top_k, options, keep)
     cache: dict = {}
     ties = _ties(rows)
-    return [replace(row(c, measure(search, c, cache)), ties_with=ties[i]) for i, c in enumerate(rows)]
+    found = [replace(row(c, measure(search, c, cache)), ties_with=ties[i]) for i, c in enumerate(rows)]
+    return Searched(found, search.estimates, options.estimates_allowed(), search.cut_short)
+
+
+def plan(base: Scenario, allow: set[str] | None = None, global_batch: int | None = None,
+         top_k: int = 5, options: Options = Options(), keep: Keep = Keep()) -> list[PlanRow]:
+    """search_plans' rows."""
+    return search_plans(base, allow, global_batch, top_k, options, keep).rows
 
 
 def _ties(rows: list[Candidate]) -> list[tuple[int, ...]]:
@@ -101,7 +121,7 @@ def closest_miss(base: Scenario, allow: set[str] | None = None, global_batch: in
     search = Search(base, check_allow(allow), global_batch, options)
     best, best_short = None, None
     hw = base.hardware
-    for k in sorted(search.states, key=role_memory_order):  # least memory first: the time cap cuts the rest
+    for k in sorted(search.states, key=role_memory_order):  # least memory first: the budget cuts the rest
         if search.late():
             break
         for loss in search.losses:

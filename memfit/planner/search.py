@@ -14,12 +14,11 @@ the estimate (device and host) and ranked by the step-time model, one row per ap
    Rows are fastest first, a tie ranked by fewer changes, then more memory margin. Ties are speeds closer than
    the measured tie band (speed.toml [band] tie). The visit stops when the next upper bound cannot reach the
    k-th row.
-A few thousand candidates; estimate() ~0.2-1 ms, step_time() ~20 us; well under 2 s.
+A few hundred estimates (estimate() ~0.2-6 ms, step_time() ~20 us); the visit stops after Options.budget
+estimates and says so (Search.cut_short): a count, so the plan is the same on any machine.
 """
 from __future__ import annotations
 
-import os
-import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -45,9 +44,6 @@ DATA_CHANGES = {"packing": "padding"}
 # a plan fits only when it clears its error band, as the estimate's verdict says (memfit/memory/phases.py):
 # a "tight" run sits inside the band and may run out of memory
 FITTING = ("fits",)
-DEADLINE_SECONDS = 1.8  # safety stop for the search; the rows found so far are returned
-# MEMFIT_PLAN_DEADLINE (seconds) overrides it: the tests set it high, so a loaded machine cannot change a plan
-DEADLINE_ENV = "MEMFIT_PLAN_DEADLINE"
 # speeds closer than the measured tie band (speed.toml [band] tie, planner/throughput.py) count as equal: among
 # them the row with fewer changes (then more memory margin) wins
 MEMORY_TOLERANCE = 0.02  # of GPU memory (host RAM): smaller savings do not justify an extra change
@@ -168,8 +164,8 @@ class Search:
         self.acts = pareto(acts, self.ak)
         self.losses = unique(a.loss for a in self.acts)
         self.built: dict[tuple[StateKnobs, ActKnobs], Candidate | None] = {}
-        self.started = time.perf_counter()
         self.estimates = 0
+        self.cut_short = False  # the budget stopped the visit before the ranking was complete
 
     @staticmethod
     def _kept(options: list, user, keep: Keep) -> list:
@@ -281,14 +277,9 @@ class Search:
         return best
 
     def late(self) -> bool:
-        return time.perf_counter() - self.started > deadline()
-
-
-def deadline() -> float:
-    try:
-        return float(os.environ.get(DEADLINE_ENV, DEADLINE_SECONDS))
-    except ValueError:
-        return DEADLINE_SECONDS
+        """The budget of estimates is spent: a count, not a clock, so a loaded machine gets the same plan."""
+        self.cut_short = self.cut_short or self.estimates >= self.options.estimates_allowed()
+        return self.cut_short
 
 
 def family(k: StateKnobs) -> tuple:

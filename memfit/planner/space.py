@@ -31,6 +31,11 @@ def framework_options() -> dict[str, dict]:
     return {name: fw.plan for name, fw in frameworks().items()}
 
 
+# the search's budget in estimates; the largest search of the tests spends a few hundred, so this stops only a
+# runaway space (a several-model run at about 6 ms an estimate: ~12 s)
+BUDGET = 2000
+
+
 @dataclass(frozen=True)
 class Options:
     """What the user lets the search do beyond the knobs: `code_edits` = knobs the framework has no flag for
@@ -40,6 +45,10 @@ class Options:
     code_edits: bool = True
     resume: bool = True
     data: DataShapes | None = None  # --lengths: judge each candidate at its data's worst micro-batch (data.py)
+    budget: int | None = None  # estimates the search may spend (None: BUDGET); past it, it returns what it found
+
+    def estimates_allowed(self) -> int:
+        return self.budget or BUDGET  # read at search time: a test may lower BUDGET for a whole run
 
 
 # axes a code edit can reach (data/frameworks/NAME.toml [plan.code_edits]); the edit stands in for the flag
@@ -115,22 +124,25 @@ def offloads(sharding: Layout, bk: StateKnobs, opts: dict, adapters: bool, tunin
     """(offload, pin_memory, ratio, offload_param) tuples valid for this sharding. Knobs that do not
     apply carry the user's value, so they never show up as changes. Parameter offload is tried with
     optimizer offload only (the combination memfit's ZeRO-3 model covers); the user's own setting is
-    always among the candidates."""
+    always among the candidates. With adapters only what moves the frozen weights is tried: FSDP's CPU offload
+    (it offloads the parameters: the well-known 70B QLoRA on two 24 GB cards) and ZeRO-3's parameter offload;
+    an adapter's optimizer states alone are too small for their offload to pay."""
     keep = (bk.pin_memory, bk.ratio, bk.offload_param)
     if sharding.engine == "fsdp":
         yield "none", *keep
-        if not adapters:
-            yield "cpu", *keep
+        yield "cpu", *keep
         return
     stage = sharding.zero_stage if sharding.engine == "deepspeed" else 0
     yield "none", bk.pin_memory, bk.ratio, "none" if stage == 3 else bk.offload_param
-    if stage == 0 or adapters:
-        return  # adapters' optimizer states are small: offloading them only slows the step
+    if stage == 0 or (adapters and stage != 3):
+        return
     params = [bk.offload_param]
     ratios = [bk.ratio]
     if stage == 3:
         params = ["none"] + (["cpu"] if tuning != "qlora" and opts["offload_param"] else [])
         ratios = unique(([bk.ratio] if bk.sharding == ZERO3 and bk.offload != "none" else []) + list(RATIOS))
+        if adapters:  # only the frozen weights' offload is worth a slower step
+            params, ratios = [p for p in params if p == "cpu"], [1.0]
     if not opts.get("ratio", True):
         ratios = [bk.ratio]
     pins = unique([bk.pin_memory, True, False]) if opts.get("pin_memory", True) else [bk.pin_memory]

@@ -88,8 +88,12 @@ def render(facts: dict[str, tuple[tuple, tuple]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def derived_text() -> str:
+    return render(derive())
+
+
 def main(argv: list[str] | None = None) -> int:
-    return write_or_check(__doc__.splitlines()[0], OUT, lambda: render(derive()), "transformers", argv)
+    return write_or_check(__doc__.splitlines()[0], OUT, derived_text, "transformers", argv)
 
 
 if __name__ == "__main__":

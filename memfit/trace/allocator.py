@@ -150,7 +150,7 @@ class CachingAllocator:
         """torch.cuda.empty_cache / the R8 release: give back every wholly free segment; bytes released."""
         released = 0
         for small in (True, False):
-            for size, addr in list(self._free[small]):
+            for _, addr in list(self._free[small]):
                 block = self._start[addr]
                 if block.addr == block.seg.addr and block.size == block.seg.size:
                     self._uncache(block)

@@ -67,9 +67,13 @@ def render(rows: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def derived_text() -> str:
+    return render({spec.key: derive_row(spec) for spec in SPECS})
+
+
 def main(argv: list[str] | None = None) -> int:
     return write_or_check("Derive the caching allocator's slack by replaying traced steps.", OUT,
-                          lambda: render({spec.key: derive_row(spec) for spec in SPECS}), "torch/transformers", argv)
+                          derived_text, "torch/transformers", argv)
 
 
 if __name__ == "__main__":

@@ -108,10 +108,13 @@ def render(rows: dict[str, dict], check: tuple[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def derived_text() -> str:
+    return render({s.key: derive_row(s) for s in SPECS}, (CHECK_SPEC.key, derive_row(CHECK_SPEC)))
+
+
 def main(argv: list[str] | None = None) -> int:
     return write_or_check("Derive the caching allocator's reserve over whole runs by replaying traced steps.", OUT,
-                          lambda: render({s.key: derive_row(s) for s in SPECS}, (CHECK_SPEC.key, derive_row(CHECK_SPEC))),
-                          "torch/transformers", argv)
+                          derived_text, "torch/transformers", argv)
 
 
 if __name__ == "__main__":

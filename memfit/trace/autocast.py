@@ -161,6 +161,10 @@ def _widest(args, kwargs):
     return max(floats, key=lambda d: torch.finfo(d).bits)
 
 
+def derived_text() -> str:
+    return render()
+
+
 if __name__ == "__main__":
     from memfit.trace.fact_file import write_or_check
 

@@ -224,8 +224,12 @@ def render(facts: dict) -> str:
     return "\n".join(lines)
 
 
+def derived_text() -> str:
+    return render(derive())
+
+
 def main(argv: list[str] | None = None) -> int:
-    return write_or_check(__doc__.splitlines()[0], OUT, lambda: render(derive()), "PEFT", argv)
+    return write_or_check(__doc__.splitlines()[0], OUT, derived_text, "PEFT", argv)
 
 
 if __name__ == "__main__":

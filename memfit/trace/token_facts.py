@@ -60,7 +60,7 @@ def held_facts(autocast: bool, frozen, adapter, sizes: dict) -> dict:
     for which, layer in (("embedding", emb), ("head", tied)):
         x = _inputs(which, sizes, frozen)
         saved = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(lambda t, saved=saved: saved.append(t) or t, lambda t: t):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                 layer(x)
         skip = held | {x.untyped_storage().data_ptr()}

@@ -11,9 +11,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import published  # noqa: E402
 from shared_cases import PUBLISHED  # noqa: E402
+from shared_support import shared  # noqa: E402
 
 CASES = PUBLISHED
-REAL = [json.loads(line) for line in CASES.read_text().splitlines() if line.strip()]
+REAL = [json.loads(line) for line in shared(CASES).read_text().splitlines() if line.strip()]
 
 
 def _sample() -> list[dict]:

@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import published  # noqa: E402
 from shared_cases import PUBLISHED  # noqa: E402
+from shared_support import shared  # noqa: E402
 
 from memfit.facts.catalog import find_model  # noqa: E402
 from memfit.facts.frameworks import framework  # noqa: E402
@@ -113,7 +114,7 @@ def _rows(tmp_path, overrides: list[dict]) -> list[published.Row]:
 
 
 def test_the_synthetic_rows_are_in_the_shared_schema():
-    shared_keys = json.loads(PUBLISHED.read_text().splitlines()[0]).keys()
+    shared_keys = json.loads(shared(PUBLISHED).read_text().splitlines()[0]).keys()
     assert set(BASE) == set(shared_keys)
 
 
@@ -168,7 +169,7 @@ def test_torchtune_alpaca_rows_of_an_early_release_run_at_the_builders_cut(tmp_p
 
 
 def test_shared_torchtune_alpaca_rows_are_compared():
-    rows = [published.evaluate(c) for c in published.read_cases(PUBLISHED)]
+    rows = [published.evaluate(c) for c in published.read_cases(shared(PUBLISHED))]
     alpaca = [r for r in rows if r.case.get("profile") == "torchtune" and not r.case.get("seq_len")
               and "alpaca" in (r.case.get("seq_len_kind") or "")]
     assert len(alpaca) >= 11 and all(r.skip is None and r.measured for r in alpaca)

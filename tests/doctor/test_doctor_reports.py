@@ -17,6 +17,7 @@ import pytest
 
 from memfit.interfaces.cli.main import main
 from shared_cases import USER_REPORTS
+from shared_support import shared
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
@@ -52,7 +53,7 @@ REPORTS = {
 
 
 def test_every_oom_report_has_a_pasted_error():
-    ooms = {c["id"] for c in map(json.loads, CASES.read_text().splitlines()) if c["outcome"] in ("oom", "host_oom")}
+    ooms = {c["id"] for c in map(json.loads, shared(CASES).read_text().splitlines()) if c["outcome"] in ("oom", "host_oom")}
     assert ooms == set(REPORTS)
 
 

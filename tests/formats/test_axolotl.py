@@ -67,7 +67,7 @@ def _cli(tmp_path, capsys, text, *extra):
     shutil.copytree(HERE, tmp_path / "ax")
     path = tmp_path / "ax" / "bad.yaml"
     path.write_text(text)
-    code = main(["estimate", "--from", str(path), "--gpu", "a100", *extra])
+    code = main(["estimate", "--from", str(path), "--gpu", "a100-80gb", *extra])
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err

@@ -436,7 +436,6 @@ def test_fit_on_a_launch_writes_the_file_it_names(launches, capsys, monkeypatch,
     """The launch states nothing the plan changes: only its YAML is rewritten, under --out in the launch's layout
     beside copies of the launch's other files, so it runs from there (tests/plan/test_fit_launch.py covers every
     launch form)."""
-    monkeypatch.setenv("MEMFIT_PLAN_DEADLINE", "300")
     script = launches / "llamafactory_lora_sft_ds3.sh"
     capacity = cards.card(cards.from_file(str(script), gpu="rtx4090"), {"loss": "liger"})  # a key of the YAML
     code = main(["fit", str(script), "--gpu", "rtx4090", *cards.gpu_mem(capacity), "--out", str(tmp_path / "o")])

@@ -1,6 +1,8 @@
 """LLaMA-Factory v1 YAML (issue 12 item 1): detected, read onto memfit's knobs, checked against v1's own argument
 dataclasses and parser in the LLaMA-Factory virtual environment (tests/formats/README.md; those tests skip
 without it)."""
+import contextlib
+import io
 import json
 import re
 from pathlib import Path
@@ -57,11 +59,21 @@ def test_the_key_table_is_the_installed_v1_dataclasses(venv):
     assert json.loads(json.dumps(derived)) == stored
 
 
+@pytest.fixture(scope="module")
+def parsed_examples(venv):
+    """v1's own parser over every example, in one process (LLaMA-Factory's import is ~10 s a process)."""
+    docs = [yaml.safe_load((HERE / name).read_text()) for name in EXAMPLES] + [UNKNOWN_KEY]
+    return dict(zip([*EXAMPLES, "unknown key"], venv.validate_many(docs)))
+
+
+UNKNOWN_KEY = {"model": "Qwen/Qwen3-0.6B", "micro_batch_size": 1, "cutof_len": 1024}
+
+
 @pytest.mark.parametrize("name", EXAMPLES)
-def test_v1s_own_parser_accepts_each_example_and_agrees_with_memfit(name, venv, monkeypatch):
+def test_v1s_own_parser_accepts_each_example_and_agrees_with_memfit(name, parsed_examples, monkeypatch):
     monkeypatch.chdir(HERE)  # config_file paths resolve from the working directory, as in a run
-    doc = yaml.safe_load((HERE / name).read_text())
-    parsed = venv.validate_llamafactory_v1(doc)
+    parsed = parsed_examples[name]
+    assert not isinstance(parsed, Exception), parsed
     model, training = parsed["model"], parsed["training"]
     k = read_config(HERE / name, gpus=8).knobs
     assert k["micro_batch"] == training["micro_batch_size"] and k["seq_len"] == training["cutoff_len"]
@@ -74,13 +86,12 @@ def test_v1s_own_parser_accepts_each_example_and_agrees_with_memfit(name, venv, 
     assert k["engine"] == {"fsdp2": "fsdp", "deepspeed": "deepspeed"}[training["dist_config"]["name"]]
 
 
-def test_v1s_parser_and_memfit_both_refuse_an_unknown_key(venv):
+def test_v1s_parser_and_memfit_both_refuse_an_unknown_key(parsed_examples):
     from memfit.interfaces.formats.framework_tables import ValidationFailed
-    doc = {"model": "Qwen/Qwen3-0.6B", "micro_batch_size": 1, "cutof_len": 1024}
-    with pytest.raises(ValidationFailed, match="cutof_len"):
-        venv.validate_llamafactory_v1(doc)
+    refused = parsed_examples["unknown key"]
+    assert isinstance(refused, ValidationFailed) and "cutof_len" in str(refused)
     with pytest.raises(MemfitError, match="did you mean 'cutoff_len'") as e:
-        _read(yaml.safe_dump(doc))
+        _read(yaml.safe_dump(UNKNOWN_KEY))
     assert "\n" not in str(e.value)
 
 
@@ -104,7 +115,8 @@ def test_plugins_map_or_fail_in_one_line():
                         ("peft_config: {r: 8}\n", "needs a `name`"), ("peft_config: {name: ia3}\n", "lora and freeze"),
                         ("micro_batch_size: lots\n", "micro_batch_size"),
                         # v1's peft plugin wraps a string as one module name: "q_proj,v_proj" matches no module
-                        ("peft_config: {name: lora, target_modules: 'q_proj,v_proj'}\n", "one module name")):
+                        ("peft_config: {name: lora, target_modules: 'q_proj,v_proj'}\n", "one module name"),
+                        ("peft_config: {name: lora, lora_dropout: [0.1]}\n", "lora_dropout: expected a number")):
         with pytest.raises(MemfitError, match=match) as e:
             _read(BASE + text)
         assert "\n" not in str(e.value)
@@ -223,19 +235,43 @@ def _hardware(name: str, hardware: list[str], change: dict | None, not_enough: t
     return cards.gpu_mem(cards.card(run, change, not_enough))
 
 
-@pytest.mark.parametrize("name, hardware, change, not_enough, extra", FITS,
-                         ids=[f"{n}-{'-'.join(h + list(c or ()) + e)}" for n, h, c, _, e in FITS])
-def test_fit_writes_what_reads_back_as_the_plan(name, hardware, change, not_enough, extra, tmp_path, monkeypatch,
-                                                capsys):
+FIT_IDS = [f"{n}-{'-'.join(h + list(c or ()) + e)}" for n, h, c, _, e in FITS]
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """Each FITS row's `memfit fit` run (its output, the written file, its hardware and GPU count), and v1's own
+    parser over every written file in one process, where the LLaMA-Factory venv runs here (else None)."""
+    rows = {}
+    for row_id, (name, hardware, change, not_enough, extra) in zip(FIT_IDS, FITS):
+        folder = tmp_path_factory.mktemp("fit")
+        with contextlib.chdir(HERE):
+            hardware = _hardware(name, hardware, change, not_enough)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                code = main(["fit", name, *hardware, *extra, "--out", str(folder)])
+        gpus = int(hardware[hardware.index("--gpus") + 1]) if "--gpus" in hardware else 1
+        rows[row_id] = {"code": code, "out": out.getvalue(), "written": folder / name, "hardware": hardware,
+                        "gpus": gpus, "parsed": None}
+    if (validate.LLAMAFACTORY_VENV / "bin" / "python").exists():  # v1's own parser, where it runs here
+        from memfit.interfaces.formats import validate_llamafactory_v1
+
+        ok = [r for r in rows.values() if r["code"] == 0]
+        for r, parsed in zip(ok, validate_llamafactory_v1.validate_many(
+                [yaml.safe_load(r["written"].read_text()) for r in ok])):
+            r["parsed"] = parsed
+    return rows
+
+
+@pytest.mark.parametrize("name, hardware, change, not_enough, extra", FITS, ids=FIT_IDS)
+def test_fit_writes_what_reads_back_as_the_plan(name, hardware, change, not_enough, extra, fitted, request,
+                                                monkeypatch, capsys):
     """(a) the written file estimates as planned, (b) one step trains on the same data, (c) v1's parser takes it."""
     monkeypatch.chdir(HERE)
-    hardware = _hardware(name, hardware, change, not_enough)
-    gpus = int(hardware[hardware.index("--gpus") + 1]) if "--gpus" in hardware else 1
-    code = main(["fit", name, *hardware, *extra, "--out", str(tmp_path)])
-    out = capsys.readouterr().out
-    assert code == 0 and PLAN.search(out.splitlines()[0]), out
+    row = fitted[request.node.callspec.id]
+    out, written, hardware, gpus = row["out"], row["written"], row["hardware"], row["gpus"]
+    assert row["code"] == 0 and PLAN.search(out.splitlines()[0]), out
     planned = float(PLAN.search(out).group(2))
-    written = tmp_path / name
     assert main(["estimate", "--from", str(written), *hardware, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["verdict"] in ("fits", "tight")
@@ -244,9 +280,9 @@ def test_fit_writes_what_reads_back_as_the_plan(name, hardware, change, not_enou
     assert after.variant == "v1" and _step(after, gpus) == _step(before, gpus)
     if not_enough:  # the card leaves the plan no other way: the written file says the change
         assert {k: after.knobs.get(k) for k in change} == change, after.knobs
-    if (validate.LLAMAFACTORY_VENV / "bin" / "python").exists():  # v1's own parser, where it runs here
-        from memfit.interfaces.formats import validate_llamafactory_v1
-        parsed = validate_llamafactory_v1.validate_llamafactory_v1(yaml.safe_load(written.read_text()))
+    if row["parsed"] is not None:
+        parsed = row["parsed"]
+        assert not isinstance(parsed, Exception), parsed
         assert parsed["training"]["micro_batch_size"] == after.knobs["micro_batch"]
         assert parsed["training"]["cutoff_len"] == after.knobs["seq_len"]
     for companion in after.companions.values():  # the DeepSpeed JSON it names, new or edited
@@ -267,7 +303,7 @@ def test_v1_says_its_own_column_of_the_knob_table():
 
 
 def _estimate(capsys, path) -> dict:
-    code = main(["estimate", "--from-file", str(path), "--gpu", "a100", "--gpus-per-node", "8", "--json"])
+    code = main(["estimate", "--from-file", str(path), "--gpu", "a100-80gb", "--gpus-per-node", "8", "--json"])
     out = capsys.readouterr().out
     assert code == 0, out
     return json.loads(out)

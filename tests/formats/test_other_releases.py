@@ -164,7 +164,7 @@ def test_accelerate_num_processes_is_the_gpu_count(tmp_path, capsys):
     path.write_text(MULTI_GPU)
     model = "meta-llama/Meta-Llama-3-8B"
     assert main(["estimate", model, "--from", str(path), "--gpu", "a100-80gb"]) == 0
-    assert capsys.readouterr().out.startswith(f"{model} on 4 x")
+    assert f"\n{model} on 4 x" in capsys.readouterr().out  # the header, under the answer's first line
     assert main(["estimate", model, "--from", str(path), "--gpu", "a100-80gb", "--json"]) == 0
     assert any("4 GPUs as the file says" in a for a in _json(capsys)["assumptions"])
     assert main(["estimate", model, "--from", str(path), "--gpu", "a100-80gb", "--gpus", "2", "--json"]) == 0

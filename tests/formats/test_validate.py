@@ -255,3 +255,21 @@ def test_deepspeed_accepts_the_code_edits_applied_to_openrlhfs_get_train_ds_conf
             key = target.rsplit('["', 1)[1].rstrip('"]')
             got = getattr(zero.offload_optimizer, key) if "offload_optimizer" in target else getattr(zero, key)
             assert got == value, (target, got)
+
+
+def test_llamafactory_accepts_the_qlora_file_we_write_from_a_lora_one(tmp_path, llamafactory_venv):
+    """`fit --allow qlora` on a LoRA YAML: the QLoRA file reads back as QLoRA with LLaMA-Factory's own default of
+    double quantization (unstated, it is on) and LLaMA-Factory's parser accepts it."""
+    from memfit.interfaces.formats import read_config, write_config_files
+
+    source = tmp_path / "llama3_lora_sft.yaml"
+    source.write_text((EXAMPLES / "llamafactory/examples/train_lora/llama3_lora_sft.yaml").read_text())
+    imported = read_config(source, gpus=1)
+    assert imported.knobs["tuning"] == "lora"
+    for double in (True, False):
+        written = write_config_files(imported, {**imported.knobs, "tuning": "qlora", "double_quant": double})
+        text = written[0].new_text
+        again = read_config(text, format="llamafactory", gpus=1).knobs
+        assert (again["tuning"], again["quant_bits"], again["double_quant"]) == ("qlora", 4, double)
+        parsed = validate.validate_llamafactory(text, base_dir=tmp_path)
+        assert parsed["quantization_bit"] == 4 and parsed["double_quantization"] is double

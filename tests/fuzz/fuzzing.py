@@ -32,7 +32,7 @@ from memfit.errors import MemfitError  # noqa: E402
 from memfit.facts import hub  # noqa: E402
 from memfit.facts.knobs import hardware, knobs  # noqa: E402
 
-PLAN_DEADLINE = "0.4"  # seconds: the planner's search stops here (MEMFIT_PLAN_DEADLINE), far under TIME_LIMIT
+PLAN_BUDGET = 60  # estimates: the planner's search stops here (planner/space.py BUDGET), far under TIME_LIMIT
 TIME_LIMIT = 2.0  # CPU seconds per input (CPU, not wall: the machine is shared and its load varies)
 HANG_LIMIT = 20.0  # wall seconds after which the alarm stops an input as hung
 MAX_ERROR = 2000  # characters: an error line longer than this is a dump, not a message
@@ -308,7 +308,7 @@ def model_config_case(draw) -> dict:
 # --- argv -------------------------------------------------------------------------------------------------
 
 MODELS = ["qwen2-7b", "Qwen/Qwen2-7B-Instruct", "llama-3.1-8b", "mixtral-8x7b", "gemma-2-9b", "qwen2.5-0.5b"]
-GPUS = ["rtx4090", "a100-80gb", "h100", "t4", "v100"]
+GPUS = ["rtx4090", "a100-80gb", "h100", "t4", "v100-16gb"]
 ARG_TOKENS = ["", "-", "--", "-h", "--json", "0", "-1", "1e400", "9" * 400, "nan", "inf", "-inf", "1.5", "1e3", "٣",
               "８", "é", "🚀", "a/b", "org/name@rev", "./x.json", "/", "~", "x" * 300, "x/" * 200, "24GiB", "0GiB",
               "1e308GB", "9" * 400 + "GiB", "-5GB", "1.4TB", "ab=cd", "actor=1e400", "actor=4,critic", "=",
@@ -432,19 +432,18 @@ def _no_hub(repo_id, revision):  # the fuzz never reaches the network: a hub id 
 
 @contextlib.contextmanager
 def _scratch():
-    """A scratch folder, no hub, and a short plan deadline, all undone after (other tests keep theirs)."""
-    old, deadline = hub.config_path, os.environ.get("MEMFIT_PLAN_DEADLINE")
+    """A scratch folder, no hub, and a small plan budget, all undone after (other tests keep theirs)."""
+    from memfit.planner import space
+
+    old, budget = hub.config_path, space.BUDGET
     hub.config_path = _no_hub
-    os.environ["MEMFIT_PLAN_DEADLINE"] = PLAN_DEADLINE
+    space.BUDGET = PLAN_BUDGET
     folder = Path(tempfile.mkdtemp(prefix="memfit-fuzz-"))
     try:
         yield folder
     finally:
         hub.config_path = old
-        if deadline is None:
-            os.environ.pop("MEMFIT_PLAN_DEADLINE")
-        else:
-            os.environ["MEMFIT_PLAN_DEADLINE"] = deadline
+        space.BUDGET = budget
         shutil.rmtree(folder, ignore_errors=True)
 
 

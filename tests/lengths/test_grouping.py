@@ -4,11 +4,13 @@ front. Checked against the real Trainer sampler and accelerate's sharding: the g
 for a given global seed, and that the worst step is step 1 on rank 0 whatever the seed."""
 import json
 
-import torch
-from torch.utils.data import DataLoader
+import pytest
 
-from memfit.interfaces.cli.main import main
-from memfit.interfaces.lengths.batches import length_grouped, permutation
+torch = pytest.importorskip("torch", reason="torch is not installed (an optional extra: memfit[measure])")
+from torch.utils.data import DataLoader  # noqa: E402
+
+from memfit.interfaces.cli.main import main  # noqa: E402
+from memfit.interfaces.lengths.batches import length_grouped, permutation  # noqa: E402
 
 LENGTHS = [int(x) for x in torch.randint(20, 3000, (301,), generator=torch.Generator().manual_seed(7))]
 BASE = ["estimate", "qwen2-7b-instruct", "--gpu", "a100-80gb", "--gpus", "2", "--micro-batch", "2", "--seq", "4096",

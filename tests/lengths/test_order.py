@@ -4,10 +4,11 @@ transformers' length grouping. Each rank's batches at each step must be the real
 import itertools
 
 import pytest
-import torch
-from torch.utils.data import DataLoader, DistributedSampler
 
-from memfit.interfaces.lengths.batches import Batching, epoch_batches, length_grouped, permutation, steps
+torch = pytest.importorskip("torch", reason="torch is not installed (an optional extra: memfit[measure])")
+from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402
+
+from memfit.interfaces.lengths.batches import Batching, epoch_batches, length_grouped, permutation, steps  # noqa: E402
 
 SIZES = (3, 10, 37, 64)
 WORLDS = (1, 2, 3, 4)

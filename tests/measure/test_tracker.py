@@ -4,13 +4,14 @@ from __future__ import annotations
 import gc
 
 import pytest
-import torch
 
-from memfit.facts.catalog import find_gpu, find_model
-from memfit.errors import MemfitError
-from memfit.measure.launch import plan
-from memfit.measure.tracker import MemoryTracker
-from memfit.facts.scenario import Hardware, Scenario
+torch = pytest.importorskip("torch", reason="torch is not installed (an optional extra: memfit[measure])")
+
+from memfit.facts.catalog import find_gpu, find_model  # noqa: E402
+from memfit.errors import MemfitError  # noqa: E402
+from memfit.measure.launch import plan  # noqa: E402
+from memfit.measure.tracker import MemoryTracker  # noqa: E402
+from memfit.facts.scenario import Hardware, Scenario  # noqa: E402
 
 MB = 2**20
 

@@ -1,7 +1,9 @@
 """The HF Trainer callback on a tiny Llama built from a config (the Lightning callback: test_lightning.py)."""
 import json
 
-import torch
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (an optional extra: memfit[monitor])")
 
 SEQ, BATCH = 16, 2
 

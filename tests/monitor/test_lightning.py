@@ -3,11 +3,13 @@ each phase its hooks bracket; a temporary held inside one phase shows in that ph
 import json
 from pathlib import Path
 
-import lightning as L
-import torch
-import torch.nn as nn
+import pytest
 
-from memfit.monitor import lightning_callback
+torch = pytest.importorskip("torch", reason="torch is not installed (an optional extra: memfit[monitor])")
+L = pytest.importorskip("lightning", reason="lightning is not installed (an optional extra: memfit[monitor])")
+import torch.nn as nn  # noqa: E402
+
+from memfit.monitor import lightning_callback  # noqa: E402
 
 MiB = 2**20
 TEMP = 256 * MiB  # one phase's temporary: allocated, every page written, freed

@@ -1,5 +1,9 @@
 """Real CPU training loops, monitored by MemoryMonitor and read back by `memfit watch`."""
+import pytest
+
 from memfit.facts.run_findings import finding
+
+pytest.importorskip("torch", reason="torch is not installed (an optional extra: memfit[monitor])")
 
 from monitor_loop import run_loops
 

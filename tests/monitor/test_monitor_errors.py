@@ -4,10 +4,12 @@ import os
 import subprocess
 import sys
 
-import torch
+import pytest
 
-from memfit.monitor import MemoryMonitor, probes, rank_path
-from monitor_loop import train
+torch = pytest.importorskip("torch", reason="torch is not installed (an optional extra: memfit[monitor])")
+
+from memfit.monitor import MemoryMonitor, probes, rank_path  # noqa: E402
+from monitor_loop import train  # noqa: E402
 
 
 def test_an_unwritable_path_leaves_the_loop_running_and_is_reported_once(tmp_path, capsys):

@@ -6,10 +6,11 @@ import types
 from pathlib import Path
 
 import pytest
-import torch
-import torch.nn as nn
 
-from memfit.monitor import MemoryMonitor, probes
+torch = pytest.importorskip("torch", reason="torch is not installed (an optional extra: memfit[monitor])")
+import torch.nn as nn  # noqa: E402
+
+from memfit.monitor import MemoryMonitor, probes  # noqa: E402
 
 MiB, GiB = 2**20, 2**30
 TEMP = 256 * MiB  # what the optimizer phase allocates, touches and frees each step

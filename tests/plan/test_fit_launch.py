@@ -96,7 +96,6 @@ def _hardware(relative: str) -> tuple[str, ...]:
 
 @pytest.fixture
 def tree(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("MEMFIT_PLAN_DEADLINE", "300")
     monkeypatch.chdir(tmp_path)  # paths fit prints and writes are relative to here
     for name in ("examples", "launch_examples"):
         shutil.copytree(FORMATS / name, tmp_path / name)

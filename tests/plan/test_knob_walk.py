@@ -43,7 +43,7 @@ def test_the_walk_covers_every_choice_of_every_knob():
 
 @pytest.mark.parametrize("flags", CASES)
 def test_every_knob_value_plans_and_times_without_a_traceback(flags, monkeypatch, capsys):
-    monkeypatch.setenv("MEMFIT_PLAN_DEADLINE", "0.3")
+    monkeypatch.setattr("memfit.planner.space.BUDGET", 40)  # the walk checks for tracebacks, not the best plan
     code = main([*BASE, *flags])
     err = capsys.readouterr().err
     assert code in (0, 2), err

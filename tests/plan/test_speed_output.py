@@ -89,7 +89,6 @@ def test_speeds_inside_the_tie_band_are_one_group():
 
 
 def test_plan_rows_that_tie_say_so_and_rank_fewer_changes_first(monkeypatch, capsys):
-    monkeypatch.setenv("MEMFIT_PLAN_DEADLINE", "300")
     args = ["plan", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "rtx4090", "--gpus", "2", "--tuning", "full",
             "--seq", "1024", "--allow", "lora,qlora", "--json"]
     assert main(args) == 0
@@ -119,6 +118,7 @@ def test_throughput_bench_runs_on_a_few_rows_and_prints_its_tables():
 
 
 def test_cpu_adam_measurement_prints_its_documented_record():
+    pytest.importorskip("torch", reason="torch is not installed (an optional extra: memfit[measure])")
     out = subprocess.run([sys.executable, str(ROOT / "tools" / "measure_cpu_adam.py"), "--params", "200000",
                           "--steps", "2", "--threads", "1"], check=True, capture_output=True, text=True).stdout
     doc = json.loads(out.splitlines()[-1])

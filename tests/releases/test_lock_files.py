@@ -68,6 +68,7 @@ python-versions = "^3.10"
 
 
 def test_a_real_pip_freeze_of_this_machine_gives_the_installed_releases(tmp_path):
+    pytest.importorskip("transformers", reason="no framework is installed to freeze (memfit[validate])")
     frozen = subprocess.run([sys.executable, "-m", "pip", "freeze"], capture_output=True, text=True, check=True).stdout
     path = tmp_path / "requirements.txt"
     path.write_text(frozen)  # holds "-e /work/main" and local builds such as torch==2.13.0+cpu

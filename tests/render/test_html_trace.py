@@ -18,6 +18,7 @@ TINY = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2, "num_
 
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory):
+    pytest.importorskip("torch", reason="torch is not installed (an optional extra: memfit[trace])")
     root = tmp_path_factory.mktemp("trace")
     folder = root / "<script>alert(1)<"
     folder.mkdir()

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from memfit.interfaces.render.common import show
 from shared_cases import PUBLISHED
+from shared_support import shared
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = PUBLISHED
@@ -50,7 +51,7 @@ def test_memfit_plan_at_80_columns():
 
 def test_a_bench_table_at_80_columns_keeps_every_cell_whole(tmp_path):
     cases = tmp_path / "cases.jsonl"
-    cases.write_text("".join(CASES.read_text().splitlines(keepends=True)[:12]))
+    cases.write_text("".join(shared(CASES).read_text().splitlines(keepends=True)[:12]))
     out = _run([sys.executable, "bench/published.py", "--cases", str(cases)], 80).split("\n{", 1)[0]
     wide = _run([sys.executable, "bench/published.py", "--cases", str(cases)], 400).split("\n{", 1)[0]
     _readable(out, 80, wide)  # the table, not the JSON summary after it

@@ -168,6 +168,7 @@ MAX_LEN, STEPS, SEEDS = 2048, 60, (0, 1, 2, 3)
 
 @pytest.fixture(scope="module")
 def glm4():
+    pytest.importorskip("torch", reason="torch is not installed (an optional extra: memfit[trace])")
     from dataclasses import replace
 
     from memfit.facts.catalog import find_gpu, find_model
@@ -222,6 +223,7 @@ def test_longest_fitting_step_fits_and_the_next_does_not(glm4):
 
 
 def test_the_shipped_slack_table_is_what_the_replay_derives():
+    pytest.importorskip("torch", reason="torch is not installed (an optional extra: memfit[trace])")
     import tomllib
 
     from memfit.trace.allocator_facts import OUT, SPECS, derive_row

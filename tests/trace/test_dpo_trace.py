@@ -5,6 +5,8 @@ tiny and multiples of 512 bytes, so the numbers are exact where the formulas are
 """
 import pytest
 
+pytest.importorskip("torch", reason="torch is not installed (an optional extra: memfit[trace])")
+
 from memfit.roles.estimate import estimate
 from memfit.facts.catalog import GpuSpec, ModelSpec
 from memfit.errors import MemfitError

@@ -1,6 +1,8 @@
 """The log-prob counts of older TRL releases in data/methods.toml are what their ops hold when run."""
 import pytest
 
+pytest.importorskip("torch", reason="torch is not installed (an optional extra: memfit[trace])")
+
 from memfit.facts.methods import logits_facts
 from memfit.facts.versions import pinned
 from memfit.trace.release_logps import KINDS, traced_counts

@@ -9,15 +9,16 @@ import sys
 from functools import cache
 
 import pytest
-import torch
 
-from memfit.facts.catalog import GpuSpec, ModelSpec, find_model
-from memfit.errors import MemfitError
-from memfit.facts.scenario import Hardware, Scenario
-from memfit.trace.accountant import Accountant, block_bytes
-from memfit.trace.build import build_model, hf_config
-from memfit.trace.output import render, write_timeline
-from memfit.trace.run import layer_profile, run_trace
+torch = pytest.importorskip("torch", reason="torch is not installed (an optional extra: memfit[trace])")
+
+from memfit.facts.catalog import GpuSpec, ModelSpec, find_model  # noqa: E402
+from memfit.errors import MemfitError  # noqa: E402
+from memfit.facts.scenario import Hardware, Scenario  # noqa: E402
+from memfit.trace.accountant import Accountant, block_bytes  # noqa: E402
+from memfit.trace.build import build_model, hf_config  # noqa: E402
+from memfit.trace.output import render, write_timeline  # noqa: E402
+from memfit.trace.run import layer_profile, run_trace  # noqa: E402
 
 GPU = GpuSpec(id="a100", name="A100", memory_bytes=80 * 2**30, compute_capability=8.0)
 LINEARS = {"q_proj": ["q"], "k_proj": ["k"], "v_proj": ["v"], "o_proj": ["o"],

@@ -22,8 +22,67 @@ GROUPS = {"run": "run", "hardware": "hardware", "training": "training", "engine"
 
 
 class Parser(argparse.ArgumentParser):
+    """argparse with memfit's errors: one line (main() prints it after "memfit: error:", so the program's name is
+    not repeated), a close spelling for a misspelled option or command."""
+
     def error(self, message: str):  # argparse's multi-line usage dump -> one line, exit 2
-        raise MemfitError(f"{self.prog}: {message}")
+        raise MemfitError(_with_suggestion(message))
+
+    def parse_args(self, args=None, namespace=None):
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:  # the chosen subcommand's options are the ones a misspelling was meant to be
+            self.error(unrecognized(self._chosen(ns), extras))
+        return ns
+
+    def _chosen(self, ns: argparse.Namespace) -> argparse.ArgumentParser:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return action.choices.get(getattr(ns, action.dest, None), self)
+        return self
+
+
+def close_to(word: str, candidates) -> str | None:
+    import difflib
+
+    found = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def unrecognized(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """Arguments no option of `parser` takes, in one line: each unknown option with the closest real one."""
+    options = [o for o in parser._option_string_actions if o.startswith("--")]
+    flags = [x.split("=", 1)[0] for x in extras if x.startswith("-") and x != "-"]
+    if not flags:
+        return f"unexpected argument{'s' * (len(extras) > 1)}: {' '.join(extras)} (see `{parser.prog} --help`)"
+    hints = [f"did you mean {m}?" if len(flags) == 1 else f"{f}: did you mean {m}?"
+             for f in flags if (m := close_to(f, options))]
+    return (f"unknown option{'s' * (len(flags) > 1)} {', '.join(flags)}"
+            + (f"; {'; '.join(hints)}" if hints else f" (see `{parser.prog} --help`)"))
+
+
+_INVALID_CHOICE = re.compile(r"^argument (\S+): invalid choice: '(.*)' \(choose from (.*)\)$")
+
+
+def _with_suggestion(message: str) -> str:
+    """argparse's "invalid choice" (a subcommand) with the closest choice named first."""
+    m = _INVALID_CHOICE.match(message)
+    if not m:
+        return message
+    what, given = ("command", m.group(2)) if m.group(1) == "command" else (m.group(1), m.group(2))
+    choices = [c.strip().strip("'") for c in m.group(3).split(",")]
+    near = close_to(given.lower(), choices)
+    return f"unknown {what} {given!r}" + (f"; did you mean {near}?" if near else "") + f" (one of: {', '.join(choices)})"
+
+
+def case_free(values) -> callable:
+    """An argparse type: a value matched to its choice whatever its case (`--tuning Lora` is lora); anything else
+    is passed on unchanged for the knob's own check to name what would be valid."""
+    table = {str(v).lower(): str(v) for v in values}
+
+    def value(text: str) -> str:
+        return table.get(text.lower(), text)
+
+    return value
 
 
 def parse_size(text: str, what: str) -> int:
@@ -71,6 +130,8 @@ def _add(group, k: Knob, positional: bool = False) -> None:
         options["type"] = whole_number
     elif k.type == "float":
         options["type"] = float
+    elif k.type == "str" and (k.choices or k.name == "profile"):
+        options["type"] = case_free(k.choices or _profiles())
     if k.const is not None:
         options |= {"nargs": "?", "const": k.const}
     if k.name == "from_file":  # several files of one run: --from A --from B (formats/launch_merge.py)
@@ -80,6 +141,12 @@ def _add(group, k: Knob, positional: bool = False) -> None:
     if k.name == "framework_version":  # several releases of one run: --framework-version A --framework-version B
         options |= {"action": "append", "metavar": "NAME=VERSION|LOCKFILE"}
     group.add_argument(k.flag, *k.aliases, **options)
+
+
+def _profiles() -> tuple[str, ...]:
+    from memfit.facts.frameworks import frameworks
+
+    return tuple(frameworks())
 
 
 def add_scenario_arguments(p: argparse.ArgumentParser) -> None:

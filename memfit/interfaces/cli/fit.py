@@ -71,7 +71,7 @@ def run_fit(a: argparse.Namespace) -> int:
     if now.verdict == "fits" and a.global_batch in (None, base.micro_batch * base.grad_accum * base.world_size):
         print(f"{imported.name}: fits ({gib(now.device_peak_bytes)} of {gib(base.hardware.gpu.memory_bytes)} GiB "
               f"per GPU): nothing to change, nothing written")
-        _print_notes(notes)
+        _print_notes(notes, base)
         return 0
     old = knobs_from_scenario(base)
     io = fit_files(imported, a.from_files or [a.file], base.hardware.world_size, folder)
@@ -104,7 +104,7 @@ def run_fit(a: argparse.Namespace) -> int:
     _check_written(imported, io.reread(files), best, options.resume, given)
     print(f"{imported.name}: {now.verdict} ({gib(now.device_peak_bytes)} GiB per GPU) -> "
           f"{best.verdict} ({gib(best.device_peak_bytes)} GiB, {best.tokens_per_second:,.0f} tokens/s)")
-    _print_notes(notes)
+    _print_notes(notes, base)
     _other_file_note(base, imported, allow, kept, a.global_batch, options, best)
     for c in best.changes:
         print(f"  {c.knob}: {c.before} -> {c.after}  {_effect(c)}{' (needed to fit)' if c.needed_to_fit else ''}"
@@ -131,10 +131,15 @@ def run_fit(a: argparse.Namespace) -> int:
     return 0
 
 
-def _print_notes(notes: list[str]) -> None:
-    """What the file's readers assumed or warned about (also under "assumed" of `memfit estimate --from`)."""
+def _print_notes(notes: list[str], base) -> None:
+    """What the file's readers assumed or warned about (also under "assumed" of `memfit estimate --from`), and a
+    sequence past the model's positions, which the plan is estimated at as given."""
+    from memfit.facts.profiles import beyond_positions
+
     for note in notes:
         print(f"  note: {note}")
+    for warning in beyond_positions(base):
+        print(f"  warning: {warning}")
 
 
 def _search(base, imported, allow, kept, global_batch, options, old, io, checks, refusals):

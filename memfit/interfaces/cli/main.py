@@ -29,18 +29,22 @@ def _cmd_estimate(a) -> int:
 
         # plus the batch and sequence sweeps (the page's only numbers not in --json: estimates of nearby runs)
         write_page(a.html, estimate_page(result.to_json() | {"sweep": sweeps(result.scenario)}))
+    from memfit.interfaces.cli.next_steps import next_steps
+
+    nxt = next_steps(a, result)  # an OOM's cheapest changes that fit (re-read as flags), or the launch hint
     if a.json:
         import json
 
-        print(json.dumps(result.to_json() | {"speed": speed} | ({"lengths": lengths.to_json()} if lengths else {}),
-                         indent=2))
+        print(json.dumps(result.to_json() | {"speed": speed} | ({"lengths": lengths.to_json()} if lengths else {})
+                         | {"next_steps": nxt.to_json(), "plan_command": nxt.plan_command}, indent=2))
     else:
-        from memfit.interfaces.render.estimate import print_estimate, print_speed
+        from memfit.interfaces.render.estimate import print_estimate, print_next_steps, print_speed
 
         print_estimate(result)
         print_speed(speed, result.scenario.world_size)
         if lengths:
             print_lengths(lengths)
+        print_next_steps(result, nxt)  # every output ends with what to do next
     return 0
 
 
@@ -112,23 +116,43 @@ def _cmd_measure(a) -> int:
 def _cmd_models(a) -> int:
     from memfit.facts.catalog import models
     from memfit.memory.inventory import count_params
-    from memfit.interfaces.render.common import print_table
 
     key = (a.filter or "").lower()
-    rows = [(m.id, m.arch, f"{count_params(m) / 1e9:.2f}B", ", ".join(m.aliases[:3]))
-            for m in models() if key in m.id.lower() or key in m.arch or any(key in x for x in m.aliases)]
-    print_table("models", ("id", "family", "params", "aliases"), rows)
-    return 0
+    every = models()
+    rows = [(m.id, m.arch, f"{count_params(m) / 1e9:.2f}B", ", ".join(m.aliases))
+            for m in every if key in m.id.lower() or key in m.arch or any(key in x.lower() for x in m.aliases)]
+    families = sorted({m.arch for m in every})
+    return _print_listing("model", ("id", "family", "params", "aliases"), rows, a.filter, len(every),
+                          f"a part of an id, alias or family ({', '.join(families[:6])}, ...)",
+                          "memfit estimate MODEL --gpu GPU (a hub id or a local config.json works too)")
 
 
 def _cmd_gpus(a) -> int:
     from memfit.facts.catalog import gpus
-    from memfit.interfaces.render.common import print_table
 
     key = (a.filter or "").lower()
-    rows = [(g.id, g.name, f"{g.memory_bytes / 2**30:.2f} GiB", f"{g.bf16_tflops:g}", f"{g.memory_bandwidth_gbps:g}",
-             g.interconnect) for g in gpus() if key in g.id.lower() or key in g.name.lower()]
-    print_table("gpus", ("id", "name", "usable memory", "bf16 TFLOP/s", "GB/s", "interconnect"), rows)
+    every = gpus()
+    rows = [(g.id, g.name, f"{g.memory_bytes / 2**30:.2f} GiB", f"{g.bf16_tflops:g} TFLOP/s", g.interconnect,
+             ", ".join(g.aliases))
+            for g in every if key in g.id.lower() or key in g.name.lower() or any(key in x.lower() for x in g.aliases)]
+    return _print_listing("GPU", ("id", "name", "usable", "bf16", "link", "aliases"), rows, a.filter, len(every),
+                          "a part of an id, name or alias (rtx4090, a100, h100, ...)",
+                          "memfit estimate MODEL --gpu GPU (or --gpu-mem 24GiB for a card not listed)")
+
+
+def _print_listing(kind: str, header: tuple[str, ...], rows: list[tuple], key: str | None, total: int,
+                   valid: str, next_step: str) -> int:
+    """A catalog, one line per entry (columns padded, the last one free: lines are never wrapped mid-entry); an
+    empty filter says so in one line with what would match."""
+    if not rows:
+        print(f"no {kind} matches {key!r}: filter by {valid}; `memfit {kind.lower()}s` lists all {total}")
+        return 1
+    widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header) - 1)]
+    shown = f"{len(rows)} of {total}" if key else f"{total}"
+    print(f"{shown} {kind}s" + (f" matching {key!r}" if key else "") + ":")
+    for r in (header, *rows):
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)) + "  " + str(r[-1]))
+    print(f"next: {next_step}")
     return 0
 
 
@@ -178,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=f"list the {name} catalog")
         sp.add_argument("filter", nargs="?", help="substring to filter by")
         sp.set_defaults(run=fn)
+    from memfit.interfaces.cli.examples import add_examples
+
+    add_examples(sub)  # short usage lines and examples, after every command is registered
     return p
 
 

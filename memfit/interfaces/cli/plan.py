@@ -11,6 +11,8 @@ import json
 from memfit.errors import MemfitError
 from memfit.interfaces.cli.args import add_scenario_arguments, positive_int, scenario_from_args
 from memfit.interfaces.render.common import show, working
+from memfit.facts.profiles import beyond_positions
+from rich.markup import escape
 
 GiB = 2**30
 VERDICT_STYLE = {"fits": "bold green", "tight": "bold yellow", "oom": "bold red", "host_oom": "bold red"}
@@ -29,6 +31,8 @@ def add_plan_command(subparsers) -> None:
                         "get_train_ds_config)")
     p.add_argument("--no-resume", action="store_true",
                    help="the run never resumes from a checkpoint: judge host RAM without the resume phase")
+    p.add_argument("--budget", type=positive_int, default=None,
+                   help="estimates the search may spend (default 2000); past it, it shows what it found and says so")
     p.add_argument("--json", action="store_true", help="print a JSON document instead of tables")
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report (the plan table and the "
                                                   "start's charts) to FILE")
@@ -46,7 +50,7 @@ def add_plan_command(subparsers) -> None:
 
 
 def run_plan(a: argparse.Namespace) -> int:
-    from memfit.planner.plan import Options, baseline, closest_miss, plan
+    from memfit.planner.plan import Options, baseline, closest_miss, search_plans
 
     if a.max_seq or a.max_batch:
         if a.lengths:
@@ -60,9 +64,10 @@ def run_plan(a: argparse.Namespace) -> int:
     from memfit.interfaces.lengths.cli import plan_data
 
     data = plan_data(a, base, a.global_batch)
-    options = Options(code_edits=not a.no_code_edits, resume=not a.no_resume, data=data)
+    options = Options(code_edits=not a.no_code_edits, resume=not a.no_resume, data=data, budget=a.budget)
     with working(f"searching configurations of {base.model.id} on {base.world_size} x {base.hardware.gpu.name}"):
-        rows = plan(base, allow, a.global_batch, top_k=a.top, options=options)
+        searched = search_plans(base, allow, a.global_batch, top_k=a.top, options=options)
+        rows = searched.rows
         start = baseline(base, a.global_batch, options)
         # a run with settings memfit could not read has no closest plan: every change of it stays "tight"
         miss = None if rows or base.unread else closest_miss(base, allow, a.global_batch, options)
@@ -70,12 +75,21 @@ def run_plan(a: argparse.Namespace) -> int:
         from memfit.interfaces.render.html import plan_page, write_page
         from memfit.roles.estimate import estimate
 
-        write_page(a.html, plan_page(plan_json(start, rows, miss, options), estimate(start.scenario).to_json()))
+        write_page(a.html, plan_page(plan_json(start, rows, miss, options, searched),
+                                     estimate(start.scenario).to_json()))
     if a.json:
-        print(json.dumps(plan_json(start, rows, miss, options), indent=2))
+        print(json.dumps(plan_json(start, rows, miss, options, searched), indent=2))
     else:
         print_plan(start, rows, miss, allow, options)
+        if searched.cut_short:
+            print(cut_short_words(searched))
     return 0
+
+
+def cut_short_words(searched) -> str:
+    """The search stopped at its budget: what may be missing, and how to let it go on."""
+    return (f"the search stopped at its budget of {searched.budget:,} estimates ({searched.estimates:,} spent): faster "
+            f"configurations may be missing; rerun with --budget {2 * searched.budget}")
 
 
 def run_limits(a: argparse.Namespace) -> int:
@@ -110,7 +124,7 @@ def _on_stand_in_gpu(a: argparse.Namespace) -> argparse.Namespace:
     return argparse.Namespace(**{**vars(a), "gpu": newest.id})
 
 
-def plan_json(start, rows, miss, options=None) -> dict:
+def plan_json(start, rows, miss, options=None, searched=None) -> dict:
     s = start.scenario
     return {
         "schema": "memfit.plan/1",
@@ -124,8 +138,10 @@ def plan_json(start, rows, miss, options=None) -> dict:
         "rows": [r.to_json() for r in rows],
         "closest_miss": miss.to_json() if miss else None,
         "not_read": list(s.unread),  # memory settings no reader read: no row of such a run is "fits"
+        "warnings": beyond_positions(s),
         "note": "tokens/s come from memfit's step-time model (data/speed.toml); they rank, they do not promise",
-    } | ({"lengths": options.data.source} if options is not None and options.data else {})
+    } | ({"lengths": options.data.source} if options is not None and options.data else {}) | (
+        {"search": searched.to_json()} if searched is not None else {})
 
 
 # ---------------------------------------------------------------- words for knob values
@@ -182,12 +198,17 @@ def _gib(n: int) -> str:
     return f"{n / GiB:,.1f}"
 
 
+def _signed(saving: int, unit: str) -> str:
+    """A saving in words that read the right way round: "saves -19.5 GiB/GPU" reads backwards."""
+    return f"saves {_gib(saving)} {unit}" if saving >= 0 else f"costs {_gib(-saving)} {unit} more"
+
+
 def _saving(change, host_known: bool) -> str:
-    parts = [f"{_gib(change.device_saving_bytes)} GiB/GPU"]
+    parts = [_signed(change.device_saving_bytes, "GiB/GPU")]
     if abs(change.in_plan_device_saving_bytes - change.device_saving_bytes) >= GiB and change.measured == "alone":
-        parts[0] += f" alone ({_gib(change.in_plan_device_saving_bytes)} in this plan)"
+        parts[0] += f" alone ({_signed(change.in_plan_device_saving_bytes, 'in this plan')})"
     if change.host_saving_bytes and (host_known or change.host_saving_bytes < 0):
-        parts.append(f"{_gib(change.host_saving_bytes)} GiB host")
+        parts.append(_signed(change.host_saving_bytes, "GiB host"))
     return ", ".join(parts)
 
 
@@ -198,43 +219,94 @@ def print_plan(start, rows, miss, allow: set[str], options=None) -> None:
     from rich.console import Console
 
     con = Console()
+    con.print(answer(start, rows, miss))  # the first line is the answer (wrapped at the terminal's width)
     _print_header(con, start, options)
     host_known = start.scenario.hardware.host_ram is not None
     if not rows:
         if start.scenario.unread:  # no plan of it is "fits" (planner/search.py judge), whatever it changes
             _print_unread(con, start.scenario.unread)
             return
-        con.print("[bold red]no configuration in memfit's search space fits[/]"
-                  + ("" if allow else " (try --allow lora,qlora,8bit)"))
         if miss:
             host_room = miss.host_headroom_bytes
             con.print(f"closest: {miss.verdict}, {_gib(miss.device_peak_bytes)} GiB/GPU "
                       f"(headroom {_gib(miss.headroom_bytes)}), host {_gib(miss.host_peak_bytes)} GiB"
                       + (f" (headroom {_gib(host_room)})" if host_room is not None else ""))
             for c in miss.changes:
-                con.print(f"   {describe(c, miss)}: saves {_saving(c, host_known)}" + _edit_words(c))
+                con.print(f"   {describe(c, miss)}: {_saving(c, host_known)}" + _edit_words(c))
+        con.print("next: " + ("--allow lora,qlora,8bit widens the search" if not allow else
+                              "more GPUs (--gpus), a larger card (--gpu) or a shorter --seq"))
         return
     _print_table(con, start, rows)
+    for line in fill_words(start, rows):
+        con.print(line)
     for i, r in enumerate(rows, 1):
         lines = []
         for c in r.changes:
             why = ("[bold]needed to fit[/]" if c.needed_to_fit else
                    "[dim]for speed[/]" if c.speed_cost_pct <= 0 else "[dim]for headroom[/]")
             how = "" if c.measured == "alone" else " [dim](saving measured in the plan)[/]"
-            lines.append(f"{describe(c, r)}: saves {_saving(c, host_known)}, speed {-c.speed_cost_pct:+.1f}% "
+            lines.append(f"{describe(c, r)}: {_saving(c, host_known)}, speed {-c.speed_cost_pct:+.1f}% "
                          f"{why}{how}" + _edit_words(c))
         _numbered(con, i, lines + _decided_words(r))
-    con.print("[dim]saves: the change applied alone to the start (or, where it cannot stand alone, removed from the "
+    con.print("[dim]saves / costs: the change applied alone to the start (or, where it cannot stand alone, removed from the "
               "plan); speed: the plan with vs without it. tokens/s come from memfit's step-time model "
               "(data/speed.toml): they rank, they do not promise[/]")
+
+
+def answer(start, rows, miss) -> str:
+    """The plan's verdict in one line: how many configurations fit and the fastest, or the closest miss."""
+    s = start.scenario
+    if not rows and s.unread:
+        n = len(s.unread)
+        return (f"[bold yellow]no configuration can be called fits: memfit could not read {n} memory "
+                f"setting{'s' * (n > 1)} of the run, so every estimate of it is at most tight[/]")
+    machine = f"{s.hardware.world_size} x {escape(s.hardware.gpu.name)}"
+    if not rows:
+        line = f"[bold red]nothing fits on {machine}[/]"
+        if miss:
+            over = max(-miss.headroom_bytes, -(miss.host_headroom_bytes or 0))
+            line += (f"; closest: {miss.verdict}, {_gib(miss.device_peak_bytes)} GiB per GPU, {_gib(over)} GiB over"
+                     f" ({_kind(miss)})")
+        return line
+    best, fitting = rows[0], sum(r.verdict == "fits" for r in rows)
+    count = (f"{fitting} configurations fit" if fitting != 1 else "1 configuration fits") + (
+        f", {len(rows) - fitting} tight" if fitting < len(rows) else "")
+    return (f"[{VERDICT_STYLE[best.verdict]}]{count}[/] on {machine}; fastest: {best.tokens_per_second:,.0f} "
+            f"tokens/s ({_kind(best)}), {_gib(best.device_peak_bytes)} GiB per GPU")
+
+
+def _kind(row) -> str:
+    """A row's changes as their new values, in a few words (the numbered list below has each in full)."""
+    if not row.changes:
+        return "the start as given"
+    words = [_sharding(c.after) if c.knob == "sharding" else
+             f"{KIND_WORDS.get(c.knob, c.knob.replace('_', ' '))} {_onoff(c.after)}" for c in row.changes]
+    return ", ".join(words[:3]) + (f", +{len(words) - 3} more" if len(words) > 3 else "")
+
+
+KIND_WORDS = {"offload": "optimizer offload", "offload_param": "parameter offload", "micro_batch": "micro-batch"}
+
+
+def fill_words(start, rows) -> list[str]:
+    """The padded fill the step-time model assumes (data/speed.toml padded_fill), named where a compared run's
+    tokens/s counts it: it alone can make micro-batch 4 -> 1 look 30% faster."""
+    from memfit.planner.speed import _padding_fill  # the one place the model decides a run is counted as padded
+
+    padded = [(name, f) for name, r in [("start", start)] + [(str(i), r) for i, r in enumerate(rows, 1)]
+              if (f := _padding_fill(r.scenario)) < 1]
+    if not padded:
+        return []
+    fill = padded[0][1]
+    which = ", ".join(name if name == "start" else f"#{name}" for name, _ in padded)
+    return [f"[dim]padded fill: tokens/s assume {fill:.0%} of a padded micro-batch's positions are real tokens "
+            f"(data/speed.toml padded_fill; {which}); one-row and packed batches count 100%: --padding packed "
+            f"or --micro-batch 1 ranks without it[/]"]
 
 
 def _print_unread(con, unread: tuple[str, ...]) -> None:
     """A run with memory settings memfit could not read: no configuration of it can be called "fits" (the
     estimate leaves those settings out), whatever the search changes, so no closest plan either. Each setting,
     and what to do next."""
-    con.print(f"[bold yellow]no configuration can be called fits: memfit could not read {len(unread)} memory "
-              f"setting{'s' * (len(unread) > 1)} of the run, so every estimate of it is at most tight[/]")
     for what in unread:
         con.print(f"  not read: {what}")
     con.print("next: state each setting in a form memfit reads (a key of the framework's config file or a flag "
@@ -285,6 +357,8 @@ def _print_header(con, start, options) -> None:
               + f"global batch {global_batch} (micro {s.micro_batch} x accum {s.grad_accum} x {s.world_size} GPUs), "
               + (f"predicted {start.tokens_per_second:,.0f} tokens/s" + (" if it fit" if start.verdict == "oom" else "")
                  if start.tokens_per_second > 0 else "it cannot run: vLLM has no room for one sequence's KV cache"))
+    for warning in beyond_positions(s):  # estimate lists it under assumed; here it is the line to notice
+        con.print(f"[bold yellow]warning[/]: {escape(warning)}")
     if options is not None and options.data:
         con.print(f"[dim]--lengths {options.data.source}: every plan is judged at its worst micro-batch of the data "
                   "(cut at --seq), not at --seq; tokens/s still speak of --seq[/]")

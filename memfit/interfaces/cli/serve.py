@@ -7,7 +7,9 @@ memfit runs without them.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import socket
+import sys
 
 from memfit.errors import MemfitError
 from memfit.interfaces.cli.args import whole_number
@@ -26,6 +28,8 @@ def add_serve_command(subparsers) -> None:
     p.add_argument("--port", type=port_number, default=8000, help="TCP port (default 8000)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; the API has no login)")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="start even when --host is reachable from other machines (anyone who reaches it can use the API)")
     p.set_defaults(run=run_serve)
 
 
@@ -36,11 +40,48 @@ def run_serve(a: argparse.Namespace) -> int:
         from memfit.interfaces.serve.app import create_app
     except ImportError as e:
         raise MemfitError(f"memfit serve needs FastAPI and uvicorn ({e.name} is missing): pip install 'memfit[serve]'") from None
+    warning = check_remote(a.host, a.allow_remote)
     _check_free(a.host, a.port)
+    if warning:
+        print(f"memfit serve: warning: {warning}", file=sys.stderr)
     shown = f"[{a.host}]" if ":" in a.host else a.host
     print(f"memfit serve: http://{shown}:{a.port}/ (API under /api, description at /openapi.json; Ctrl-C stops)")
-    uvicorn.run(create_app(), host=a.host, port=a.port, log_level="warning")
+    uvicorn.run(create_app(allowed_hosts=served_names(a.host)), host=a.host, port=a.port, log_level="warning")
     return 0
+
+
+def check_remote(host: str, allow_remote: bool) -> str | None:
+    """None for a loopback --host; for any other, the warning to print with --allow-remote, else refuse to start:
+    the API has no login, so other machines (and pages they serve) could run it."""
+    if _loopback(host):
+        return None
+    risk = f"--host {host} is reachable from other machines and the API has no login"
+    if not allow_remote:
+        raise MemfitError(f"{risk}; add --allow-remote to start anyway, or leave --host at 127.0.0.1")
+    return f"{risk}: anyone who can reach it can use it"
+
+
+def _loopback(host: str) -> bool:
+    """Whether every address `host` names is this machine's loopback (127.0.0.0/8, ::1)."""
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host.strip("[]"), None, type=socket.SOCK_STREAM)}
+    except OSError:
+        raise MemfitError(f"cannot listen on {host}: no such address (give an IP address or a name this machine "
+                          "resolves)") from None
+    return all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+
+
+def served_names(host: str) -> tuple[str, ...]:
+    """The Host names the app answers besides localhost: the bound one, and for a wildcard address (0.0.0.0, ::)
+    this machine's name and addresses, the names other machines reach it by."""
+    if host.strip("[]") not in ("0.0.0.0", "::", ""):
+        return (host,)
+    names = {socket.gethostname(), socket.getfqdn()}
+    try:
+        names |= {info[4][0] for name in list(names) for info in socket.getaddrinfo(name, None)}
+    except OSError:
+        pass  # a name that does not resolve: reached by its name only
+    return tuple(sorted(names))
 
 
 def _check_free(host: str, port: int) -> None:

@@ -123,8 +123,9 @@ def _knobs(doc: dict, where: str, assumed: list[str]) -> dict:
             raise bad(where, "quantization_bit", f"quantized training needs finetuning_type lora, not {tuning}")
         tuning = "qlora"
         k["quant_bits"] = bits
-        if "double_quantization" in doc:
-            k["double_quant"] = as_bool(where, "double_quantization", doc["double_quantization"])
+        # unstated, LLaMA-Factory's own default (ModelArguments, tables/llamafactory.json): read back as it runs
+        default = table("llamafactory")["ModelArguments"]["double_quantization"]["default"]
+        k["double_quant"] = as_bool(where, "double_quantization", doc.get("double_quantization", default))
     k["tuning"] = tuning
     if tuning in ("lora", "qlora"):
         k["lora_rank"] = as_int(where, "lora_rank", _stated(doc, "lora_rank", assumed), minimum=1)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from memfit.interfaces.formats import deepspeed as ds
 from memfit.interfaces.formats import jsontext
-from memfit.interfaces.formats.base import (ImportedConfig, as_bool, as_choice, as_int, as_mapping, as_str,
+from memfit.interfaces.formats.base import (ImportedConfig, as_bool, as_choice, as_float, as_int, as_mapping, as_str,
                                             attention_from_hf, bad, lora_targets, shown, unknown_key)
 from memfit.interfaces.formats.not_modelled import caps, line
 from memfit.interfaces.formats.tables import check_type, table
@@ -78,7 +78,7 @@ def _tuning(doc: dict, where: str, k: dict, notes: list[str], unmodelled: list[t
         k["tuning"] = "lora"
         k["lora_rank"] = as_int(where, "peft_config.r", peft.get("r", 8))
         k["lora_alpha"] = as_int(where, "peft_config.lora_alpha", peft.get("lora_alpha", 16))
-        k["lora_dropout"] = float(peft.get("lora_dropout", 0.05))
+        k["lora_dropout"] = as_float(where, "peft_config.lora_dropout", peft.get("lora_dropout", 0.05))
         targets = peft.get("target_modules", "all")
         if isinstance(targets, str) and "," in targets:  # v1's peft plugin takes a string as one module's name
             raise bad(where, "peft_config.target_modules", f"{shown(targets)} is one module name to v1 (it matches no "

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from memfit.interfaces.formats.base import ImportedConfig, bad, cannot, shown
+from memfit.interfaces.formats.base import ImportedConfig, bad, cannot
 from memfit.interfaces.formats.openrlhf_knobs import _value, knobs_of
 from memfit.interfaces.formats.openrlhf_command import (FORMAT, PROFILE, RELEASES, Command, flag_name, flags_of)
 from memfit.interfaces.formats.not_modelled import caps, line

@@ -30,14 +30,25 @@ if sys.argv[2] == "table":
                                          "fields": {c.__name__: tables.dataclass_table(c) for c in classes}}))
     sys.exit(0)
 from llamafactory.v1.config.arg_parser import get_args
-model_args, data_args, training_args, sample_args = get_args(doc)
 plain = lambda v: v if v is None or isinstance(v, (bool, int, float, str, list, dict)) else str(v)
-print("MEMFIT-RESULT " + json.dumps({name: {k: plain(v) for k, v in vars(args).items()} for name, args in
-                                     (("model", model_args), ("training", training_args))}))
+def parse(one):
+    model_args, data_args, training_args, sample_args = get_args(one)
+    return {name: {k: plain(v) for k, v in vars(args).items()} for name, args in
+            (("model", model_args), ("training", training_args))}
+if sys.argv[2] == "parse":
+    print("MEMFIT-RESULT " + json.dumps(parse(doc)))
+    sys.exit(0)
+out = []  # "many": one process for several files (importing LLaMA-Factory takes ~10 s)
+for one in doc:
+    try:
+        out.append({"parsed": parse(one)})
+    except BaseException as e:  # HfArgumentParser exits on an unknown key
+        out.append({"error": f"{type(e).__name__}: {e}"})
+print("MEMFIT-RESULT " + json.dumps(out))
 """
 
 
-def _run(doc: dict, mode: str) -> dict:
+def _run(doc, mode: str):
     python = _lf_python()
     here = Path(__file__).resolve().parent / "framework_tables.py"
     with tempfile.TemporaryDirectory() as tmp:
@@ -65,6 +76,12 @@ def validate_llamafactory_v1(doc: dict) -> dict:
     """The file's arguments as v1's own parser reads them ({"model": ..., "training": ...}); ValidationFailed if
     it refuses them."""
     return _run(doc, "parse")
+
+
+def validate_many(docs: list[dict]) -> list[dict | ValidationFailed]:
+    """validate_llamafactory_v1 of each doc, in one process: the parsed arguments, or the ValidationFailed."""
+    return [ValidationFailed(f"LLaMA-Factory v1: {r['error']}") if "error" in r else r["parsed"]
+            for r in _run(docs, "many")]
 
 
 if __name__ == "__main__":  # a maintainer's step after upgrading LLaMA-Factory in its venv

@@ -5,11 +5,13 @@ memfit's estimate beside what the log proves and the fixes, ranked.
 Fixes: first what the log itself prescribes (the allocator setting, freeing the GPU, /dev/shm), then one-knob
 changes of the planner's search space that make the run fit by memfit's estimate and free at least what the
 log shows was missing, fastest first (one change is the smallest edit that fixes the failure), then the
-planner's fastest full plans (memfit/planner/plan.py plan())."""
+planner's fastest full plans (memfit/planner/plan.py plan()). Without a config (or when the planner finds
+none), the generic fixes for the failure's phase instead (advice.py, memfit/facts/data/log_fixes.toml)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from memfit.interfaces.logs.advice import generic_fixes, headline
 from memfit.interfaces.logs.parse import Failure, LogReport, TimelinePoint
 from memfit.interfaces.logs.sites import thresholds
 
@@ -45,10 +47,12 @@ def diagnose(report: LogReport, scenario=None) -> Diagnosis:
         d.findings += failure_findings(f)
         d.fixes += log_fixes(f)
     d.findings += timeline_findings(report.timeline)
+    main = primary(report.failures)
     if scenario is not None:
-        main = primary(report.failures)
         d.findings += estimate_findings(main, scenario, report.timeline)
         d.fixes += config_fixes(scenario, main)
+    if main is not None and not any(fx["from"] == "planner" for fx in d.fixes):
+        d.fixes += generic_fixes(main)  # what the log alone says to try; a config ranks memfit's own instead
     d.fixes = [dict(fx, rank=i) for i, fx in enumerate(unique_fixes(d.fixes), 1)]
     return d
 
@@ -63,25 +67,19 @@ def primary(failures: list[Failure]) -> Failure | None:
 # ---------------------------------------------------------------- from the log alone
 
 def failure_findings(f: Failure) -> list[dict]:
-    where = f" at {f.phase}" if f.phase else ""
-    part = f" ({f.component})" if f.component else ""
-    if f.kind == "cuda_oom":
-        return _cuda_findings(f, where, part)
-    if f.kind == "host_oom":
-        return [finding("host_oom", (f"{where.strip()}{part}: " if where or part else "").lstrip() + _host_words(f))]
-    return [finding("nccl", f"NCCL failed for memory{where}: {f.component}"
-                    + (". /dev/shm is too small for NCCL's shared-memory transport" if f.form == "nccl-shm" else
-                       ". The GPU was full when NCCL allocated its buffers"))]
+    """The failure's answer (advice.headline, the first line doctor prints) and what its figures show."""
+    out = [finding(f.kind, headline(f), line=f.line, phase=f.phase, component=f.component)]
+    if f.kind == "cuda_oom" and f.total_bytes is not None:
+        out += _cuda_findings(f)
+    elif f.kind == "host_oom" and f.form == "sigkill":
+        out.append(finding("sigkill", "a process killed by SIGKILL prints nothing; on Linux that is the kernel's "
+                           "OOM killer when host RAM runs out (`dmesg | grep -i 'killed process'` confirms)"))
+    return out
 
 
-def _cuda_findings(f: Failure, where: str, part: str) -> list[dict]:
+def _cuda_findings(f: Failure) -> list[dict]:
     gpu = "GPU" + (f" {f.gpu}" if f.gpu is not None else "")
-    if f.total_bytes is None:
-        asked = f" asking for {gib(f.tried_to_allocate_bytes)}" if f.tried_to_allocate_bytes else ""
-        return [finding("cuda_oom", f"{gpu} ran out of memory{where}{part}{asked}; the message gives no other figures")]
-    out = [finding("cuda_oom", f"{gpu} ran out of memory{where}{part}: asked for {gib(f.tried_to_allocate_bytes)} "
-                   f"with {gib(f.free_bytes)} free of {gib(f.total_bytes)}; PyTorch held "
-                   f"{gib(f.allocated_bytes)} allocated + {gib(f.reserved_unallocated_bytes)} reserved but unallocated")]
+    out = []
     if f.fragmentation:
         out.append(finding("fragmentation", f"{gib(f.reserved_unallocated_bytes)} is reserved by PyTorch but "
                            f"unallocated, at least the {gib(f.tried_to_allocate_bytes)} asked for: the memory is "
@@ -97,19 +95,6 @@ def _cuda_findings(f: Failure, where: str, part: str) -> list[dict]:
         out.append(finding("free_exceeds_request", f"{gib(f.free_bytes)} was free, more than asked for: the free "
                            "memory was not in one piece, or another process took it between the two"))
     return out
-
-
-def _host_words(f: Failure) -> str:
-    if f.form == "default-cpu-allocator":
-        return f"a host allocation of {gib(f.tried_to_allocate_bytes)} failed (host RAM exhausted)"
-    if f.form == "kernel-oom-killer":
-        held = f", holding {gib(f.allocated_bytes)} resident" if f.allocated_bytes else ""
-        return f"the kernel's OOM killer killed the training process{held}: host RAM ran out"
-    if f.form == "ray-memory-monitor":
-        used = f" at {gib(f.allocated_bytes)} used of {gib(f.total_bytes)}" if f.total_bytes else ""
-        return f"Ray's memory monitor killed a worker{used}: the node ran low on host RAM"
-    return ("a training process was killed with SIGKILL (-9) and printed nothing: on Linux that is the kernel's "
-            "OOM killer when host RAM runs out (`dmesg | grep -i 'killed process'` confirms)")
 
 
 def timeline_findings(points: list[TimelinePoint]) -> list[dict]:
@@ -157,6 +142,26 @@ def unique_fixes(fixes: list[dict]) -> list[dict]:
 
 
 # ---------------------------------------------------------------- with the run's config
+
+def reconcile_capacity(scenario, f: Failure | None):
+    """The scenario with its GPU's capacity as the log reports it, and the finding that says so; unchanged (and
+    no finding) when the log gives no total or names another card (estimate_findings says that one). The
+    catalog's figure is one reading of torch's total_memory; OOM messages on the same card can show a few
+    hundred MiB less (gpus.toml: 23.65-23.68 GiB for the RTX 4090's 23.99): the run failed against its own."""
+    from dataclasses import replace
+
+    if f is None or f.kind != "cuda_oom" or not f.total_bytes:
+        return scenario, None
+    hw = scenario.hardware
+    card = hw.gpu.memory_bytes
+    if f.total_bytes == card or abs(f.total_bytes - card) > GPU_MISMATCH_SHARE * card:
+        return scenario, None
+    gpu = replace(hw.gpu, memory_bytes=f.total_bytes)  # same card (its speed facts), the run's capacity
+    note = finding("capacity", f"the card's capacity is taken from the log: {gib(f.total_bytes)} total capacity "
+                   f"(memfit's catalog has {gib(card)} for {hw.gpu.name})", log_bytes=f.total_bytes,
+                   catalog_bytes=card)
+    return replace(scenario, hardware=replace(hw, gpu=gpu)), note
+
 
 def estimate_findings(f: Failure | None, scenario, timeline: list[TimelinePoint]) -> list[dict]:
     from memfit.roles.estimate import estimate

@@ -63,6 +63,7 @@ NCCL_SHM = re.compile(r"Error while creating shared memory segment|No space left
 TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 FRAME_PY = re.compile(r'File "(?P<file>[^"]+)", line \d+, in (?P<func>[\w<>.]+)')
 FRAME_IPY = re.compile(r"File (?P<file>\S+?\.py):\d+, in (?:[\w.]+\.)?(?P<func>\w+)\(")
+TRACE_BODY = re.compile(r"\s+\S|\s*\[Previous line repeated")  # a frame's source line, carets
 DS_LABEL = re.compile(r"see_memory_usage\]\s*(?P<label>.*?)\s*$")
 DS_GPU = re.compile(r"MA ([\d.]+) GB\s+Max_MA ([\d.]+) GB\s+CA ([\d.]+) GB\s+Max_CA ([\d.]+) GB")
 DS_CPU = re.compile(r"CPU Virtual Memory:\s*used = ([\d.]+) GB, percent = ([\d.]+)%")
@@ -336,13 +337,24 @@ def _place(f: Failure, lines: list[str], i: int, since: int) -> None:
 def _frames_before(lines: list[str], i: int, since: int) -> list[Frame]:
     start = next((j for j in range(i, max(since, i - 2000) - 1, -1) if TRACEBACK.search(lines[j])), None)
     if start is None:
-        return []
+        start = _pasted_tail(lines, i, since)
     out = []
     for line in lines[start: i + 1]:
         m = FRAME_PY.search(line) or FRAME_IPY.search(line)
         if m:
             out.append(Frame(m.group("file"), m.group("func").split(".")[-1]))
     return out
+
+
+def _pasted_tail(lines: list[str], i: int, since: int) -> int:
+    """Where the frames directly above line i begin when the log has no "Traceback" header: a pasted error is
+    often only its last frames. Only the unbroken run of frame and source lines counts, so an older traceback
+    further up is not read as this one's."""
+    j = i
+    while j - 1 >= since and (FRAME_PY.search(lines[j - 1]) or FRAME_IPY.search(lines[j - 1])
+                             or TRACE_BODY.match(lines[j - 1])):
+        j -= 1
+    return j
 
 
 def _dedupe(failures: list[Failure]) -> list[Failure]:

@@ -28,12 +28,42 @@ def _band_text(e) -> str:
     return band + (f", {e.oom_chance:.0%} chance of OOM" if e.verdict == "tight" else "")
 
 
+VERDICT_WORD = {"fits": "FITS", "tight": "TIGHT", "oom": "OOM", "host_oom": "HOST OOM"}
+
+
+def answer_line(e) -> str:
+    """The estimate's first line: the verdict, the device total against the card, the margin against the error
+    band it was judged with, and where the peak is."""
+    from memfit.memory.phases import required_margin
+
+    hw = e.scenario.hardware
+    cap, margin = hw.gpu.memory_bytes, e.margin_bytes
+    need = required_margin(cap - margin, cap, e.band_fraction)  # the margin "fits" asks (memory/phases.py)
+    head = f"[{VERDICT_STYLE[e.verdict]}]{VERDICT_WORD[e.verdict]}[/]: "
+    card = f"{gib(e.device_total.peak.total)} GiB per GPU of {gib(cap)} GiB"
+    where = f"peak at {e.device_total.peak_phase}" + (f" in GPU group '{e.worst_group}'" if len(e.groups) > 1 else "")
+    if e.verdict == "host_oom":
+        host = e.host
+        return (head + f"host RAM peaks at {gib(host.peak.total)} GiB per node of {gib(hw.host_ram)} GiB in "
+                f"{host.peak_phase}, {gib(-e.host_margin_bytes)} GiB over; the GPU holds {card}")
+    if margin < 0:
+        room = f"{gib(-margin)} GiB over (cut {gib(need - margin)} GiB to clear its {gib(need)} GiB error band)"
+    elif margin < need:
+        room = f"{gib(margin)} GiB to spare, inside its {gib(need)} GiB error band ({e.oom_chance:.0%} chance of OOM)"
+    elif e.scenario.unread:  # the margin clears the band, but the run has settings memfit did not read
+        room = f"{gib(margin)} GiB to spare, but {len(e.scenario.unread)} memory setting(s) were not read (below)"
+    else:
+        room = f"{gib(margin)} GiB to spare (its error band asks {gib(need)} GiB)"
+    return head + f"{card}, {room}, {where}"
+
+
 def print_estimate(e) -> None:
     from rich.table import Table
 
     con = console()
     s = e.scenario
     hw = s.hardware
+    con.print(answer_line(e))  # the answer first; the breakdown below explains it
     nodes = f" per node, {hw.nodes} nodes" if hw.nodes > 1 else ""
     con.print(f"[bold]{s.model.id}[/] on {hw.gpus_per_node} x {hw.gpu.name} ({gib(hw.gpu.memory_bytes)} GiB usable)"
               f"{nodes}  [dim]profile {s.profile}[/]")
@@ -63,8 +93,8 @@ def print_estimate(e) -> None:
     style = VERDICT_STYLE[e.verdict]
     paged = e.group().evictable
     held = f" ({gib(paged)} GiB of it paged optimizer states the driver may move to host RAM)" if paged else ""
-    verdict = f"[{style}]{e.verdict.upper()}[/]: device total {gib(e.device_total.peak.total)} GiB{held} of " \
-              f"{gib(hw.gpu.memory_bytes)} GiB, margin {gib(e.margin_bytes)} GiB" + _band_text(e)
+    verdict = f"[{style}]{e.verdict}[/] in detail: device total {gib(e.device_total.peak.total)} GiB{held} " \
+              f"of {gib(hw.gpu.memory_bytes)} GiB, margin {gib(e.margin_bytes)} GiB" + _band_text(e)
     if e.host_margin_bytes is not None:
         verdict += f"; host margin {gib(e.host_margin_bytes)} GiB"
     con.print(verdict)
@@ -118,3 +148,45 @@ def print_comparison(estimated, other, other_name: str) -> None:
         err = f"{100 * (x - y) / y:+.1f}%" if y else ""
         table.add_row(c.replace("_", " "), gib(x), gib(y), err)
     show(console(), table)
+
+
+def print_next_steps(e, nxt) -> None:
+    """The last lines: what to do next (memfit/interfaces/cli/next_steps.py found them). Commands are printed
+    unbroken (soft wrap) and unparsed by rich, so they copy as one line."""
+    from rich.markup import escape
+
+    con = console()
+    plan, fit = escape(nxt.plan_command), escape(nxt.fit_command)
+    if nxt.verdict == "fits":
+        also = f"; {fit} writes the fastest into a copy of the file" if fit else ""
+        con.print(f"[bold]next[/]: launch it as it is; for faster configurations that fit too: {plan}{also}",
+                  soft_wrap=True)
+        return
+    if e.scenario.unread:  # every change of it stays "tight": the unread settings come first
+        con.print(f"[bold]next[/]: state the {len(e.scenario.unread)} setting(s) memfit could not read (the \"not "
+                  "read\" lines) in a form it reads, or remove them, and estimate again")
+        return
+    if not nxt.steps:
+        allow = _allow_words(e.scenario)
+        con.print("[bold]next[/]: no change of one or two of memfit's knobs fits with this method and tuning; "
+                  f"search further: {plan}" + (f" --allow {allow}" if allow else ""), soft_wrap=True)
+        return
+    con.print("[bold]next[/]: add one of these to the same command (each fits; cheapest first):")
+    for st in nxt.steps:
+        con.print(f"  {escape(' '.join(st.flags))}   [dim]{gib(st.device_total_bytes)} GiB per GPU, "
+                  f"{_speed_words(st.speed_cost)}[/]", soft_wrap=True)
+    con.print(f"more (combinations, the fastest that fit): {plan}"
+              + (f"; or let {fit} write the plan into the file" if fit else ""), soft_wrap=True)
+
+
+def _speed_words(cost: float) -> str:
+    if abs(cost) < 0.0005:
+        return "same speed"
+    return f"{cost:.1%} slower" if cost > 0 else f"{-cost:.1%} faster"
+
+
+def _allow_words(s) -> str:
+    """The method changes `memfit plan --allow` could try that this run does not have yet."""
+    if s.tuning == "full":
+        return "lora,qlora,8bit"
+    return "qlora" if s.tuning == "lora" else ""

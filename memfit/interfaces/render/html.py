@@ -6,6 +6,8 @@ escaped. Standard library only.
 """
 from __future__ import annotations
 
+import os
+import sys
 from html import escape
 
 from memfit.breakdown import CATEGORIES, PHASES
@@ -68,10 +70,18 @@ def page(title: str, body: list[str]) -> str:
             + "\n".join(body) + "\n</body>\n</html>\n")
 
 
+_announced: set[str] = set()  # `watch --follow` rewrites its page each update: named once, not per update
+
+
 def write_page(path: str, text: str) -> None:
-    """The page to `path` (an unwritable path raises OSError, which the command line reports in one line)."""
+    """The page to `path` (an unwritable path raises OSError, which the command line reports in one line), and
+    one line on stderr naming where it went: stdout may be a --json document that must stay pure JSON."""
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
+    where = os.path.abspath(path)
+    if where not in _announced:
+        _announced.add(where)
+        print(f"wrote the HTML report to {where} (open it in a browser)", file=sys.stderr)
 
 
 def _phases(profile: dict) -> list[str]:

@@ -36,12 +36,22 @@ def primary(diag: dict) -> dict | None:
     return max(diag["failures"], key=lambda f: sum(v is not None for v in f.values()), default=None)
 
 
-def bars_chart(est: dict, failure: dict | None) -> str:
+def capacity_level(diag: dict, est: dict) -> Line:
+    """memfit's capacity of the card. When doctor took the card's capacity from the log (a "capacity" finding),
+    the estimate's capacity is the log's total, drawn already: the catalog's figure is drawn, named as such, so
+    the page shows the two it reconciled."""
+    note = next((x for x in diag["findings"] if x["kind"] == "capacity"), None)
+    if note:
+        return Line("capacity", "memfit's catalog: GPU capacity (the log's total is used)", note["catalog_bytes"])
+    return Line("capacity", "memfit: GPU capacity", est["gpu_memory_bytes"])
+
+
+def bars_chart(est: dict, failure: dict | None, capacity: Line) -> str:
     rank = est["per_rank"]
     peak = rank["device_total"]["peak_phase"]
     columns = [Column(label, _parts(rank[key]["phases"][peak]), rank[key]["phases"][peak]["total"],
                       {"bar": key, "phase": peak}) for key, label in LEVELS]
-    lines = [Line("capacity", "memfit: GPU capacity", est["gpu_memory_bytes"]), *log_levels(failure)]
+    lines = [capacity, *log_levels(failure)]
     title = f"memfit's estimate per GPU at its peak ({peak}), with the log's figures"
     return f"<figure><figcaption>{escape(title)}</figcaption>\n{stacked_chart('doctor', title, columns, lines)}</figure>"
 
@@ -63,7 +73,8 @@ def doctor_page(diag: dict, est: dict, log_name: str) -> str:
                  f"{'; ' + spot if spot else ''}</p>")
     findings = "".join(f'<li data-kind="{escape(str(x["kind"]))}">{escape(x["text"])}</li>' for x in diag["findings"])
     fixes = "".join(_fix(fx) for fx in diag["fixes"])
-    body = [*_header(est), where, verdict_html(est), legend(), '<div class="charts">', bars_chart(est, failure),
+    chart = bars_chart(est, failure, capacity_level(diag, est))
+    body = [*_header(est), where, verdict_html(est), legend(), '<div class="charts">', chart,
             "</div>", "<h2>findings</h2>", f'<ul id="findings">{findings}</ul>',
             "<h2>fixes, best first</h2>", f'<ol id="fixes">{fixes}</ol>',
             '<p class="note">memfit doctor; numbers as in <code>memfit doctor --json</code> and '

@@ -2,7 +2,8 @@
 
 Every answer is one of memfit's own documents (`estimate --json`, `plan --json`, the HTML report); every error is
 {"error": one line, "field": the knob it is about or null}: 422 for a value memfit refuses, 400 for a body that
-is not JSON, 413 over the size limit. Bodies are parsed here (not by FastAPI) so that malformed, deep or huge
+is not JSON, 413 over the size limit, 403 for a Host or Origin that is not this server's, 415 for a body that is
+not Content-Type application/json (limits.py). Bodies are parsed here (not by FastAPI) so that malformed, deep or huge
 JSON gets memfit's one-line answer. Imported only by `memfit serve` (fastapi is the optional extra memfit[serve]).
 """
 from __future__ import annotations
@@ -15,8 +16,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from memfit.errors import MemfitError
+from memfit.interfaces.formats.base import shown
 from memfit.interfaces.serve import requests, uploads
-from memfit.interfaces.serve.limits import MAX_BODY, BodyLimit, error_body
+from memfit.interfaces.serve.limits import MAX_BODY, BodyLimit, SameOrigin, error_body
 from memfit.interfaces.serve.schema import request_body
 
 
@@ -50,7 +52,7 @@ def _estimate_doc(body) -> dict:
 
 def _plan_doc(body) -> dict:
     from memfit.interfaces.cli.plan import plan_json
-    from memfit.planner.plan import Options, baseline, closest_miss, plan
+    from memfit.planner.plan import Options, baseline, closest_miss, search_plans
 
     base = requests.scenario(body, requests.EXTRA_KEYS["plan"])
     b = requests.canonical(body, requests.EXTRA_KEYS["plan"])
@@ -62,10 +64,11 @@ def _plan_doc(body) -> dict:
     batch = _positive(b, "global_batch", None)
     top = min(_positive(b, "top", 5), 20)
     options = Options(code_edits=not b.get("no_code_edits"), resume=not b.get("no_resume"))
-    rows = plan(base, allow, batch, top_k=top, options=options)
+    searched = search_plans(base, allow, batch, top_k=top, options=options)
+    rows = searched.rows
     start = baseline(base, batch, options)
     miss = None if rows else closest_miss(base, allow, batch, options)
-    return plan_json(start, rows, miss, options)
+    return plan_json(start, rows, miss, options, searched)
 
 
 def _export(body) -> dict:
@@ -79,14 +82,16 @@ def _positive(b: dict, key: str, default):
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 2**31:
-        raise requests.FieldError(f"{key} must be a positive integer up to 2^31, got {str(value)[:40]}", key)
+        raise requests.FieldError(f"{key} must be a positive integer up to 2^31, got {shown(value)}", key)
     return value
 
 
-def create_app(max_body: int = MAX_BODY) -> FastAPI:
+def create_app(max_body: int = MAX_BODY, allowed_hosts: tuple[str, ...] = ()) -> FastAPI:
+    """The app; `allowed_hosts`: Host names it answers besides localhost, 127.0.0.1 and ::1 (the bound address)."""
     app = FastAPI(title="memfit", summary="Will this LLM fine-tuning run fit in GPU and host memory?",
                   version="1", docs_url=None, redoc_url=None)  # the docs pages load their JS from a CDN
     app.add_middleware(BodyLimit, limit=max_body)
+    app.add_middleware(SameOrigin, allowed_hosts=allowed_hosts)  # added last, so it runs first: before any body is read
 
     @app.exception_handler(MemfitError)
     async def _memfit_error(request, e: MemfitError):
@@ -121,13 +126,13 @@ def _routes(app: FastAPI) -> None:
     @app.post("/api/chart", response_class=HTMLResponse, openapi_extra=request_body("estimate"),
               summary="the estimate's verdict, bars and tables as an HTML fragment (the page's live view)")
     async def chart_route(request: Request):
-        doc = await run_in_threadpool(_estimate_doc, await _json_body(request))
-        return "\n".join(estimate_body(doc))
+        return await run_in_threadpool(lambda body: "\n".join(estimate_body(_estimate_doc(body))),
+                                       await _json_body(request))
 
     @app.post("/api/report.html", response_class=HTMLResponse, openapi_extra=request_body("estimate"),
               summary="the self-contained HTML report (`memfit estimate --html`)")
     async def report_route(request: Request):
-        return estimate_page(await run_in_threadpool(_estimate_doc, await _json_body(request)))
+        return await run_in_threadpool(lambda body: estimate_page(_estimate_doc(body)), await _json_body(request))
 
     @app.post("/api/plan", openapi_extra=request_body("plan"),
               summary="the document `memfit plan --json` prints")
@@ -137,7 +142,7 @@ def _routes(app: FastAPI) -> None:
     @app.post("/api/plan.html", response_class=HTMLResponse, openapi_extra=request_body("plan"),
               summary="the plan as an HTML table: each configuration that fits, its changes, savings and speed")
     async def plan_table_route(request: Request):
-        return plan_table(await run_in_threadpool(_plan_doc, await _json_body(request)))
+        return await run_in_threadpool(lambda body: plan_table(_plan_doc(body)), await _json_body(request))
 
     @app.post("/api/import", openapi_extra=request_body("import"),
               summary="the knobs memfit reads from a framework file sent as text")

@@ -87,11 +87,11 @@ def canonical(body, extra: tuple[str, ...] = ()) -> dict:
         if name is None:
             close = difflib.get_close_matches(key, list(names) + list(extra), n=1, cutoff=0.75)
             hint = f"; did you mean {close[0]!r}?" if close else "; the knobs are listed by `memfit estimate --help`"
-            raise FieldError(f"unknown field {key[:60]!r}{hint}", key[:60])
+            raise FieldError(f"unknown field {_shown(key)}{hint}", key[:60])
         if name in REFUSED:
             raise FieldError(f"{name} is not accepted by the server: {REFUSED[name]}", name)
         if name in out:
-            raise FieldError(f"{key!r} and another spelling both set {name}; say it once", name)
+            raise FieldError(f"{_shown(key)} and another spelling both set {name}; say it once", name)
         out[name] = value
     return out
 
@@ -139,8 +139,11 @@ def _typed(k: Knob, value):
 
 
 def _shown(value) -> str:
-    text = json.dumps(value) if not isinstance(value, (dict, list)) else type(value).__name__
-    return text if len(text) <= 40 else text[:37] + "..."
+    """A request's value in an error: the readers' bounded repr (formats.base.shown), so no message built from a
+    request ever holds more than a few dozen of its characters."""
+    from memfit.interfaces.formats.base import shown
+
+    return shown(value)
 
 
 def _namespace(b: dict) -> argparse.Namespace:
@@ -222,7 +225,7 @@ def model_of(value, display=None):
                          "model")
     name = value.strip()
     if len(name) > 200 or _pathlike(name):
-        raise FieldError(f"model {name[:60]!r}: the server reads no paths; give a hub id or alias, or upload the "
+        raise FieldError(f"model {_shown(name)}: the server reads no paths; give a hub id or alias, or upload the "
                          "config.json", "model")
     index = _catalog()
     found = index.get(_norm(name)) or index.get(_norm(name.split("/")[-1]))
@@ -232,10 +235,10 @@ def model_of(value, display=None):
         try:  # the catalog's own hub reader (catalog.find_model would first try the name as a local path)
             return catalog._hub_model(name)
         except MemfitError as e:
-            raise FieldError(f"unknown model {name!r}: not in the catalog; {e}", "model") from None
+            raise FieldError(f"unknown model {_shown(name)}: not in the catalog; {e}", "model") from None
     close = difflib.get_close_matches(_norm(name), list(index), n=3, cutoff=0.5)
     hint = f"; did you mean: {', '.join(close)}?" if close else " (see `memfit models`, or upload a config.json)"
-    raise FieldError(f"unknown model {name!r}{hint}", "model")
+    raise FieldError(f"unknown model {_shown(name)}{hint}", "model")
 
 
 class _Uploaded:

@@ -2,13 +2,16 @@
 (interfaces/formats) from its text, and an export is returned as text. No path from a request is opened.
 
 A file that names another file (LLaMA-Factory / HF `deepspeed: ds.json`, accelerate's deepspeed_config_file, a
-launch script) is refused: its reader would open that path on the server's disk.
+launch script) is refused: its reader would open that path on the server's disk. A YAML whose aliases expand past
+what its own text could hold (a "billion laughs" file) is refused before any reader walks it: PyYAML shares an
+aliased value, so parsing is cheap, but every walk, repr or JSON answer over it would visit each copy.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from memfit.errors import MemfitError
+from memfit.interfaces.formats.base import shown
 from memfit.interfaces.serve.requests import FieldError, display_name
 
 MAX_TEXT = 256 * 1024  # characters: framework configs are a few KB (the body limit also applies)
@@ -30,12 +33,18 @@ def read_upload(body) -> dict:
     if not text.strip():
         raise FieldError(f"{name}: the file is empty", "text")
     text = text if text.endswith("\n") else text + "\n"  # a newline makes memfit's readers take it as text, not a path
+    _refuse_alias_bombs(text, name)
+    fmt = "config"  # until the format is known
     try:
         fmt = detect_format(text, name)
         _refuse_named_files(fmt, text, name)
         imported = MODULES[fmt].read(text)
     except MemfitError as e:
         raise FieldError(_named(str(e), name), "text") from None
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError) as e:
+        # a reader that trips over a value of an unexpected type: the user gets a line, not a bare 500
+        raise FieldError(f"{name}: memfit's {fmt} reader cannot read this file ({type(e).__name__}: "
+                         f"{shown(str(e))}); check each setting's type against the framework's docs", "text") from None
     from memfit.interfaces.cli.args import file_notes, file_unread
 
     unread = [n.replace(imported.name, name) for n in file_unread(imported, host=False)]
@@ -48,6 +57,40 @@ def read_upload(body) -> dict:
 def _named(message: str, name: str) -> str:
     """memfit's readers name text by its format ("LLaMA-Factory YAML: ..."); the user knows it by its file name."""
     return message if message.startswith(name) else f"{name}: {message}"
+
+
+def _refuse_alias_bombs(text: str, name: str) -> None:
+    """Refuse YAML whose aliases (*name) repeat values past what text of this length can spell out: without
+    aliases every value takes at least one character, so more values than 2 x characters means aliases did it."""
+    import yaml
+
+    if "*" not in text or text.lstrip().startswith("{"):
+        return  # no alias, or JSON (which has none)
+    try:
+        doc = yaml.safe_load(text)
+    except (yaml.YAMLError, ValueError, RecursionError):
+        return  # not YAML: the format's reader says what is wrong with it
+    budget = 2 * len(text) + 1000
+    if not _within(doc, budget):
+        raise FieldError(f"{name}: its YAML aliases (*anchor) expand to over {budget:,} values, more than "
+                         f"{len(text):,} characters can spell out; write the settings out without aliases", "text")
+
+
+def _within(doc, budget: int) -> bool:
+    """Whether walking `doc` as every reader does (each alias expanded) visits at most `budget` values; stops as
+    soon as it would visit more, so a self-referring or exponentially aliased value costs at most `budget` steps."""
+    stack = [doc]
+    while stack:
+        budget -= 1
+        if budget < 0:
+            return False
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple, set)):
+            stack.extend(value)
+    return True
 
 
 def _refuse_named_files(fmt: str, text: str, name: str) -> None:
@@ -66,7 +109,7 @@ def _refuse_named_files(fmt: str, text: str, name: str) -> None:
         dsc.get("deepspeed_config_file") if isinstance(dsc, dict) else None)
     if named:
         key = "deepspeed" if fmt != "accelerate" else "deepspeed_config.deepspeed_config_file"
-        raise MemfitError(f"{key}: {str(named)[:80]!r} names a file on disk, which the server does not read; remove the "
+        raise MemfitError(f"{key}: {shown(named)} names a file on disk, which the server does not read; remove the "
                           "key and set ZeRO in the form, or use `memfit estimate --from` on your machine")
 
 
@@ -79,7 +122,7 @@ def export(scenario, fmt) -> dict:
     from memfit.interfaces.formats import FORMATS, export_scenario
 
     if fmt not in FORMATS or fmt == "launch":
-        raise FieldError(f"format {str(fmt)[:40]!r}: choose one of: {', '.join(f for f in FORMATS if f != 'launch')}",
+        raise FieldError(f"format {shown(fmt)}: choose one of: {', '.join(f for f in FORMATS if f != 'launch')}",
                          "format")
     files = export_scenario(scenario, fmt)
     return {"format": fmt, "files": [{"name": Path(f.path).name if f.path else FILE_NAMES[fmt], "text": f.new_text}
