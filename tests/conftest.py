@@ -222,6 +222,3 @@ def pytest_collection_modifyitems(config, items):
         where = path.relative_to(TESTS).as_posix() if TESTS in path.parents else None
         tier = "slow" if where in SLOW else "extras" if _item_needs(item) else "core"
         item.add_marker(getattr(pytest.mark, tier))
-    # the slow tier first: pytest-xdist hands out one file at a time in this order, so the long engine runs and live
-    # traces overlap at the start instead of leaving one worker alone with them at the end (a stable sort)
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
