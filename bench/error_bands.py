@@ -20,7 +20,7 @@ family and tuning. Others borrow the widest band at run time (memfit/facts/error
 
 The CPU benches cannot see what only a GPU run holds (the caching allocator, the CUDA context, NCCL, kernels'
 workspaces), so each kind also gets a band from real GPU runs (bench/real_runs.py: our H200 rows, the published
-measurements and the user reports of ../shared/cases), measured as coverage. The real rows are split in two by a
+measurements and the user reports of cases/), measured as coverage. The real rows are split in two by a
 hash of their configuration; on one part the band is set as the narrowest FLOOR + FRACTION x estimate that covers
 95% of its rows' excess over the estimate (a floor because what a GPU run adds is partly a fixed amount: the
 context and library workspaces); the other part reports how many of its rows land outside. A kind with fewer than
@@ -202,8 +202,8 @@ def _real_section(kinds: dict[str, dict]) -> list[str]:
     digest = real_runs.sources_digest()
     total = sum(e["rows"] for e in kinds.values())
     out = ["[source.real]",
-           'what = "real GPU runs (bench/real_runs.py): bench/cuda_h200.json when measured, ../shared/cases '
-           'published.jsonl and user-reports.jsonl; excess = measured - estimate on what each measured"',
+           'what = "real GPU runs (bench/real_runs.py): bench/cuda_h200.json when measured, cases/'
+           'published.jsonl and cases/user-reports.jsonl; excess = measured - estimate on what each measured"',
            f'sha256 = "{digest}"  # of the case files read\nrows = {total}\nmin_rows = {REAL_MIN_ROWS}',
            'split = "per kind, each model\'s configurations (model, GPUs, method, micro-batch, length, engine) in '
            'sha256 order, alternately on each side: the band is set on the fit part, the held_out part reports how '

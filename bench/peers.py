@@ -5,7 +5,7 @@
     python bench/peers.py --grid quick|every4|all|none --no-published --json out.json
 
 Rows:
-- published: ../shared/cases/published.jsonl, mapped to scenarios by bench/published.py (`scenario_for`,
+- published: cases/published.jsonl, mapped to scenarios by bench/published.py (`scenario_for`,
   and its basis logic: memfit's number is its allocated / reserved / device-total peak as the case
   measured it). The peers predict one "memory needed" number and are compared with the measured value
   as it stands.

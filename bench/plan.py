@@ -1,7 +1,7 @@
 """memfit plan: search time (target <= 2 s) and, for the user reports that ran out of memory, the plan
 memfit chooses against the fix the report names.
 
-    python bench/plan.py [--cases ../shared/cases/user-reports.jsonl] [--summary-json]
+    python bench/plan.py [--cases cases/user-reports.jsonl] [--summary-json]
 
 A report's fix counts as found when one of the plan's top 3 rows makes that change (e.g. optimizer
 offload to cpu, LoRA, micro-batch 2, ZeRO-3, flash attention), or when a top-3 row fits and memfit's

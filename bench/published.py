@@ -1,8 +1,8 @@
 """Published measurements vs memfit: per case predicted vs measured on the case's basis, and labels.
 
-    python bench/published.py --cases ../shared/cases/published.jsonl [--summary-json]
+    python bench/published.py --cases cases/published.jsonl [--summary-json]
 
-Reads any file in the ../shared/cases schema (one JSON object per line). Each case maps to a Scenario
+Reads any file in the schema of cases/README.md (one JSON object per line). Each case maps to a Scenario
 through its `profile` (framework defaults) and its stated knobs, its method as sources write it (every
 --tuning memfit models, LitGPT's precision and --quantize, PEFT modules_to_save, unsloth's checkpointing);
 a case memfit cannot model is listed as skipped with the reason: what memfit does not model.
@@ -58,7 +58,7 @@ class BadLine:
     error: str
 
 
-# The case schema (../shared/cases/README.md) by the kind of value each key holds. A source may write any of them
+# The case schema (cases/README.md) by the kind of value each key holds. A source may write any of them
 # as null, a number as a string ("24"), text as a list of strings (lora_targets: ["q_proj", "v_proj"]) and a unit
 # in any case ("gib"); `normalize` turns each into the one shape this bench reads, or skips the row saying which key
 # it cannot read. Keys not listed are carried as they are (nothing here reads them).

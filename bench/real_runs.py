@@ -5,8 +5,8 @@
 
 The rows the error bands are measured on (bench/error_bands.py). Three sources, in order of authority:
 - bench/cuda_h200.json: our own runs on an H200 (bench/cuda_truth.py), when a session had the device;
-- ../shared/cases/published.jsonl: measured memory of public runs;
-- ../shared/cases/user-reports.jsonl: users' fits / OOM labels.
+- cases/published.jsonl: measured memory of public runs;
+- cases/user-reports.jsonl: users' fits / OOM labels.
 Rows marked reliability "low" are left out (their sources contradict themselves, cases/README.md).
 
 A row's excess is measured bytes minus memfit's estimate on what was measured:

@@ -1,4 +1,4 @@
-"""The step-time model against measured training throughput (../shared/cases/throughput.jsonl).
+"""The step-time model against measured training throughput (cases/throughput.jsonl).
 
     HF_HUB_OFFLINE=1 python bench/throughput.py [--cases FILE] [--limit N] [--summary-json]
 
@@ -30,8 +30,9 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the catalog answers; a miss is a skipped row, not a hub wait
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-CASES = Path(__file__).resolve().parent.parent.parent / "shared" / "cases" / "throughput.jsonl"
+from shared_cases import THROUGHPUT as CASES  # noqa: E402
 SIZE_TOLERANCE = 1.25  # predicted ratio within 25% of the measured ratio
 FLAT = 0.02  # ratios this close to 1 are "no change" on both sides
 

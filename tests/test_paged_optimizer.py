@@ -4,7 +4,7 @@ resident but never make a run run out of memory (the QLoRA paper's "paged optimi
 from memfit.roles.estimate import estimate
 
 GiB = 2**30
-# torchtune's README (2024-04): Llama-2-7B full fine-tune with PagedAdamW on one RTX 4090 ran (../shared/cases
+# torchtune's README (2024-04): Llama-2-7B full fine-tune with PagedAdamW on one RTX 4090 ran (cases/
 # torchtune-readme-2024-04-3)
 RUN = dict(model="meta-llama/Llama-2-7b-hf", gpu="rtx4090", profile="torchtune", tuning="full", micro_batch=2,
            seq_len=2048, checkpointing="full", optimizer_in_backward=True)

@@ -1,4 +1,4 @@
-"""Model-state bytes against hand derivations from ../shared/reference/knobs.md (A.2, A.6, D, F.4)."""
+"""Model-state bytes against hand derivations from docs/knobs.md (A.2, A.6, D, F.4)."""
 import pytest
 
 from memfit.roles.estimate import estimate

@@ -1,4 +1,4 @@
-"""The user reports memfit was started for (../shared/cases/user-reports.jsonl): right label, right reason."""
+"""The user reports memfit was started for (cases/user-reports.jsonl): right label, right reason."""
 from memfit.roles.estimate import estimate
 
 QWEN = dict(model="Qwen/Qwen2-7B-Instruct", gpu="rtx4090", gpus=4, profile="openrlhf", zero_stage=3,

@@ -2,7 +2,7 @@
 data/adapters.toml, LitGPT's adapters, precision and --quantize, PEFT modules_to_save ("lora+emb"), unsloth's
 offloaded checkpointing given as text; a case it cannot map is skipped naming what memfit does not model.
 
-Each case is a JSON line in the shared schema (../shared/cases/README.md), written as a source would, and goes
+Each case is a JSON line in the shared schema (cases/README.md), written as a source would, and goes
 through read_cases and evaluate like a row of the shared files."""
 import json
 import sys

@@ -1,4 +1,4 @@
-"""`memfit doctor` on each out-of-memory user report (../shared/cases/user-reports.jsonl): the error as PyTorch,
+"""`memfit doctor` on each out-of-memory user report (cases/user-reports.jsonl): the error as PyTorch,
 DeepSpeed's launcher or see_memory_usage would print it with the report's figures (tests/doctor/reports/), plus
 the report's config (the example file bench/plan.py runs `memfit fit` on), names the fix the maintainers gave
 among its top 3.

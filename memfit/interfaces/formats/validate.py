@@ -9,7 +9,7 @@ and raises `ValidationFailed` with the framework's own message when it refuses.
 | deepspeed | `deepspeed.runtime.config.DeepSpeedConfig(dict)` (pydantic ZeRO / offload models) | deepspeed |
 | hf | `transformers.TrainingArguments(**d)` / `trl.SFTConfig` / `trl.DPOConfig` via `HfArgumentParser.parse_dict` | transformers, trl |
 | accelerate | `accelerate.commands.config.config_args.ClusterConfig.from_yaml_file`, then the `accelerate launch` argument names | accelerate |
-| llamafactory | `llamafactory.hparams.get_train_args(dict)` (a launch's flags: `(list)`) in LLaMA-Factory's own virtual environment, under `torchrun` | a venv with llamafactory |
+| llamafactory | `llamafactory.hparams.get_train_args(dict)` (a launch's flags: `(list)`) in LLaMA-Factory's own virtual environment, one process for all checks | a venv with llamafactory |
 | openrlhf | the `argparse` parser of `openrlhf/cli/train_*.py`, rebuilt from the released source with `ast` | the openrlhf wheel (pip download, no install) |
 
 The `*_table()` functions derive the key tables memfit's core reads (`memfit/interfaces/formats/tables/`)
@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 from memfit.interfaces.formats.framework_tables import ValidationFailed, dataclass_table, pydantic_table
+from memfit.interfaces.formats.validate_llamafactory_process import ParserProcess
 from memfit.interfaces.formats.validate_openrlhf import openrlhf_table
 
 
@@ -175,36 +176,25 @@ def validate_accelerate(text: str):
 LLAMAFACTORY_VENV = Path(os.environ.get("MEMFIT_LLAMAFACTORY_VENV",
                                         Path(__file__).resolve().parents[3] / ".venvs" / "llamafactory"))
 
-_LF_SCRIPT = r"""
-import json, sys, dataclasses
-doc = json.load(open(sys.argv[1]))
-if sys.argv[2] == "table":
-    from llamafactory.hparams import (DataArguments, FinetuningArguments, GeneratingArguments,
-                                      ModelArguments, TrainingArguments)
-    import llamafactory
-    sys.path.insert(0, sys.argv[3])
-    from memfit.interfaces.formats.framework_tables import dataclass_table
-    print("MEMFIT-RESULT " + json.dumps({"version": llamafactory.__version__, "fields": {c.__name__: dataclass_table(c)
-        for c in (ModelArguments, DataArguments, TrainingArguments, FinetuningArguments, GeneratingArguments)}}))
-    sys.exit(0)
-from llamafactory.hparams import get_train_args
-model_args, data_args, training_args, finetuning_args, generating_args = get_train_args(doc)
-print("MEMFIT-RESULT " + json.dumps({
-    "finetuning_type": finetuning_args.finetuning_type, "stage": finetuning_args.stage,
-    "lora_rank": finetuning_args.lora_rank, "lora_target": finetuning_args.lora_target,
-    "use_dora": finetuning_args.use_dora, "pure_bf16": finetuning_args.pure_bf16,
-    "use_unsloth_gc": model_args.use_unsloth_gc,
-    "disable_gradient_checkpointing": model_args.disable_gradient_checkpointing,
-    "flash_attn": str(getattr(model_args.flash_attn, "value", model_args.flash_attn)),
-    "quantization_bit": model_args.quantization_bit, "double_quantization": model_args.double_quantization,
-    "enable_liger_kernel": model_args.enable_liger_kernel,
-    "cutoff_len": data_args.cutoff_len, "packing": data_args.packing, "neat_packing": data_args.neat_packing,
-    "per_device_train_batch_size": training_args.per_device_train_batch_size,
-    "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
-    "deepspeed": training_args.deepspeed, "bf16": training_args.bf16, "fp16": training_args.fp16,
-    "optim": str(getattr(training_args.optim, "value", training_args.optim)),
-}))
+_LF_TABLE = r"""
+import json, sys
+import llamafactory
+from llamafactory.hparams import (DataArguments, FinetuningArguments, GeneratingArguments, ModelArguments,
+                                  TrainingArguments)
+sys.path.insert(0, sys.argv[1])
+from memfit.interfaces.formats.framework_tables import dataclass_table
+print("MEMFIT-RESULT " + json.dumps({"version": llamafactory.__version__, "fields": {c.__name__: dataclass_table(c)
+    for c in (ModelArguments, DataArguments, TrainingArguments, FinetuningArguments, GeneratingArguments)}}))
 """
+# what a check reports of get_train_args' parsed arguments: key -> the dataclass it lives in
+_LF_PARSED = {**dict.fromkeys(("finetuning_type", "stage", "lora_rank", "lora_target", "use_dora", "pure_bf16"),
+                              "finetuning"),
+              **dict.fromkeys(("use_unsloth_gc", "disable_gradient_checkpointing", "flash_attn", "quantization_bit",
+                               "double_quantization", "enable_liger_kernel"), "model"),
+              **dict.fromkeys(("cutoff_len", "packing", "neat_packing"), "data"),
+              **dict.fromkeys(("per_device_train_batch_size", "gradient_accumulation_steps", "deepspeed", "bf16",
+                               "fp16", "optim"), "training")}
+_LF_PROCESS: list[ParserProcess] = []  # started on the first check, kept for the rest
 
 
 def _lf_python() -> Path:
@@ -215,31 +205,15 @@ def _lf_python() -> Path:
     return python
 
 
-def _run_lf(doc: dict, mode: str, cwd: Path | None = None) -> str:
-    python = _lf_python()
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "args.json").write_text(json.dumps(doc))
-        (Path(tmp) / "run.py").write_text(_LF_SCRIPT)
-        env = dict(os.environ, DISABLE_VERSION_CHECK="1", FORCE_TORCHRUN="1", CUDA_VISIBLE_DEVICES="",
-                   TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
-        torchrun = [str(python), "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port",
-                    str(29500 + os.getpid() % 1000)]
-        cmd = torchrun + [str(Path(tmp) / "run.py"), str(Path(tmp) / "args.json"), mode]
-        if mode == "table":
-            cmd = [str(python), str(Path(tmp) / "run.py"), str(Path(tmp) / "args.json"), mode,
-                   str(Path(__file__).resolve().parents[3])]
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd or tmp, timeout=600)
-    if done.returncode != 0:
-        tail = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
-        # the child's own exception ("[rank0]: ValueError: ..."), not torchrun's report about the child
-        errors = [line for line in tail if line.startswith("[rank0]:") and "Error" in line] or [
-            line for line in tail if "Error" in line or "error" in line]
-        raise ValidationFailed(f"LLaMA-Factory: {(errors or tail or ['exit ' + str(done.returncode)])[-1]}")
-    return done.stdout
+def _parse_lf(doc, cwd: Path | None) -> dict:
+    if not _LF_PROCESS:
+        _LF_PROCESS.append(ParserProcess(_lf_python(), _LF_PARSED))
+    return _LF_PROCESS[0].parse(doc, cwd)
 
 
 def validate_llamafactory(text: str, base_dir: Path | None = None) -> dict:
-    """`llamafactory.hparams.get_train_args` on the YAML, in LLaMA-Factory's venv, under torchrun.
+    """`llamafactory.hparams.get_train_args` on the YAML, in LLaMA-Factory's venv (one process for every check:
+    validate_llamafactory_process.py).
 
     Run from `base_dir` so a relative `deepspeed:` path resolves as it does for the user. `use_cpu`
     is added only for this check (TrainingArguments refuses bf16 on a machine without a GPU).
@@ -249,14 +223,14 @@ def validate_llamafactory(text: str, base_dir: Path | None = None) -> dict:
     doc = yaml.safe_load(text)
     doc["use_cpu"] = True
     doc.setdefault("output_dir", "/tmp/memfit-validate")
-    return _result(_run_lf(doc, "parse", cwd=base_dir))
+    return _parse_lf(doc, base_dir)
 
 
 def validate_llamafactory_flags(args: list[str], base_dir: Path | None = None) -> dict:
     """`get_train_args` on a launch's `--key value` words, as LLaMA-Factory's src/train.py hands it sys.argv[1:]
-    (HfArgumentParser.parse_args_into_dataclasses, an unknown flag refused), in its venv under torchrun."""
+    (HfArgumentParser.parse_args_into_dataclasses, an unknown flag refused), in its venv."""
     extra = [] if "--output_dir" in args else ["--output_dir", "/tmp/memfit-validate"]
-    return _result(_run_lf([*args, "--use_cpu", "true", *extra], "parse", cwd=base_dir))
+    return _parse_lf([*args, "--use_cpu", "true", *extra], base_dir)
 
 
 def _result(stdout: str):
@@ -265,7 +239,11 @@ def _result(stdout: str):
 
 
 def llamafactory_table() -> dict:
-    out = _result(_run_lf({}, "table"))
+    done = subprocess.run([str(_lf_python()), "-c", _LF_TABLE, str(Path(__file__).resolve().parents[3])],
+                          capture_output=True, text=True, env=dict(os.environ, DISABLE_VERSION_CHECK="1"), timeout=600)
+    if done.returncode != 0:
+        raise ValidationFailed(f"LLaMA-Factory: {(done.stderr.strip().splitlines() or ['exit'])[-1]}")
+    out = _result(done.stdout)
     return {"source": f"llamafactory {out['version']}", **out["fields"]}
 
 
