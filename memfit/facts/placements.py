@@ -10,6 +10,7 @@ from memfit.facts.data_table import data_table
 from memfit.facts.names import unknown_key
 
 KEYS = {"description", "methods", "frameworks", "fallback", "source"}
+OPTIONAL = {"facts"}
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class PlacementRow:
     frameworks: tuple[str, ...]
     fallback: bool
     source: str
+    facts: dict  # the framework's own numbers the placement reads (each sourced in the table)
 
 
 @cache
@@ -27,13 +29,13 @@ def placements() -> dict[str, PlacementRow]:
     out = {}
     for name, row in data_table("placements.toml")["placement"].items():
         for key in row:
-            if key not in KEYS:
-                raise unknown_key(f"placements.toml [placement.{name}]", key, KEYS)
+            if key not in KEYS | OPTIONAL:
+                raise unknown_key(f"placements.toml [placement.{name}]", key, KEYS | OPTIONAL)
         missing = sorted(KEYS - set(row))
         if missing:
             raise MemfitError(f"placements.toml [placement.{name}]: missing {', '.join(missing)}")
         out[name] = PlacementRow(name, row["description"], tuple(row["methods"]), tuple(row["frameworks"]),
-                                 bool(row["fallback"]), row["source"])
+                                 bool(row["fallback"]), row["source"], dict(row.get("facts", {})))
     _check_fallbacks(out)
     return out
 
@@ -58,3 +60,8 @@ def placement_for(profile: str, method: str) -> PlacementRow:
         raise MemfitError(f"no placement runs method {method!r} (data/placements.toml); "
                           f"methods placed: {', '.join(sorted({m for r in rows for m in r.methods}))}")
     return fallback[0]
+
+
+def placement_facts(name: str) -> dict:
+    """A placement's own numbers (data/placements.toml [placement.NAME.facts])."""
+    return placements()[name].facts

@@ -5,7 +5,7 @@ model, vLLM generator), each role placed in processes and GPU groups the way its
 (data/placements.toml names the placement of each framework and method): one training process per GPU
 (one_process.py: SFT, pre-training, DPO and its relatives, reward models) or an RL framework's declared workers
 (placement.py turns a declaration into GPU groups; openrlhf.py: PPO, GRPO, and the layout of a framework without
-its own). The Estimate's top-level profiles are the worst GPU group's; a single-model run is one role in one group.
+its own; verl.py: verl's hybrid engine). The Estimate's top-level profiles are the worst GPU group's; a single-model run is one role in one group.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from memfit.facts.scenario import Scenario
 from memfit.memory.inventory import count_params
 from memfit.memory.phases import verdict_of
 from memfit.memory.remote_code import notes as remote_code_notes
-from memfit.roles import one_process, openrlhf, placement
+from memfit.roles import one_process, openrlhf, placement, verl
 from memfit.roles.result import Estimate, Placement
 
 
@@ -27,7 +27,7 @@ def _declared(module):
 
 
 # data/placements.toml row name -> the code that places it (tests/test_placements.py: every row has one)
-DECLARATIONS = {"one_process": one_process.place, "openrlhf": _declared(openrlhf)}
+DECLARATIONS = {"one_process": one_process.place, "openrlhf": _declared(openrlhf), "verl": _declared(verl)}
 
 
 def place(s: Scenario, notes: list[str]) -> Placement:

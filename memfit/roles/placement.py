@@ -15,6 +15,7 @@ States a worker can be in (what `holding` turns into device bytes):
   rest             between its own work (a sleeping trainer / engine keeps only what `Worker.rest` says)
   load, forward, backward, optimizer_step, checkpoint_save, resume   a trained model's phase peak
   score            a no-grad forward over `score_rows` rollouts (log-probs, values, rewards)
+  sync             a trained model sending its weights to the engine: its params on the GPU plus `sync_bytes`
   awake            the generator with its weights and KV cache
   weights          the generator woken for the weight sync only (its weights, no KV cache when it sleeps)
 """
@@ -31,12 +32,23 @@ from memfit.facts.scenario import Hardware, Scenario
 from memfit.memory import overheads
 from memfit.memory.phases import reserved_profile
 from memfit.roles.frozen import FrozenRole, frozen_host, nograd_forward
-from memfit.roles.generator import Generator
+from memfit.roles.generator import Generator, full_params
 from memfit.roles.groups import Holding, Moment, Process, add_parts, frozen_cache, gpu_group, trained_holding
 from memfit.roles.result import Placement, RoleEstimate
 from memfit.roles.trained import TrainedRole
 
 TRAIN_STATES = ("load",) + tuple(p for p in PHASES if p != "load")
+
+
+@dataclass(frozen=True)
+class Parking:
+    """Where a trained worker's steady states (its checkpoint_save breakdown: weights, optimizer states, ...) sit
+    between its phases, for a framework that moves them itself (verl's param_offload / optimizer_offload: moved to
+    the host on leaving each phase, back for compute). Categories not named on the GPU or the host are freed."""
+
+    rest_gpu: tuple[str, ...]  # on the GPU while it rests (runtime overhead always stays)
+    rest_host: tuple[str, ...]  # in host RAM while it rests
+    score_gpu: tuple[str, ...]  # on the GPU while it scores (a no-grad forward brings its params back)
 
 
 @dataclass
@@ -53,10 +65,35 @@ class Worker:
     score_rows: int = 0  # rows of a no-grad scoring micro-batch
     engine: str = ""  # how it is placed, in words ("": the engine's own description)
     notes: list[str] = field(default_factory=list)
+    parking: Parking | None = None  # None: the trained model's own idle (TrainedRole.idle with `sleeps`)
+    sync_bytes: int = 0  # transient of sending its weights to the engine in state "sync" (buckets, a gathered tensor)
 
     @property
     def trains(self) -> bool:
         return isinstance(self.model, TrainedRole)
+
+    def rest_bytes(self) -> Breakdown:
+        """What a trained worker keeps on each GPU between its phases."""
+        if self.parking is None:
+            return self.model.idle(self.sleeps)
+        return _steady_parts(self.model, self.parking.rest_gpu)
+
+    def score_base(self) -> Breakdown:
+        """What a trained worker holds under a no-grad forward's transient."""
+        if self.parking is None:
+            return self.model.idle(self.sleeps)
+        return _steady_parts(self.model, self.parking.score_gpu)
+
+    def parked_host_bytes(self) -> int:
+        """Host bytes per rank its parked states (or DeepSpeed sleep) hold while it rests."""
+        if self.parking is None:
+            return self.model.sleep_host_bytes() if self.sleeps else 0
+        return _steady_parts(self.model, self.parking.rest_host).total - _steady_parts(self.model, ()).total
+
+
+def _steady_parts(tr: TrainedRole, categories: tuple[str, ...]) -> Breakdown:
+    steady = tr.allocated.phases["checkpoint_save"]
+    return Breakdown({c: steady.get(c) for c in (*categories, "runtime_overhead")})
 
 
 @dataclass(frozen=True)
@@ -176,12 +213,14 @@ def holding(w: Worker, state: str, reserved: PhaseProfile | None, s: Scenario) -
         _expect(w, state, ("rest",))
         return Holding(w.process, w.role, m.idle())
     if state == "rest":
-        return Holding(w.process, w.role, m.idle(w.sleeps))
+        return Holding(w.process, w.role, w.rest_bytes())
     if state == "score":
         fwd = nograd_forward(m, w.score_rows)
-        b = add_parts(m.idle(w.sleeps), fwd, Breakdown({"weights": m.states.gathered_forward}))
+        b = add_parts(w.score_base(), fwd, Breakdown({"weights": m.states.gathered_forward}))
         return Holding(w.process, w.role, b, frozen_cache(fwd, s.hardware.runtime))
-    _expect(w, state, TRAIN_STATES)
+    if state == "sync":
+        return Holding(w.process, w.role, add_parts(w.score_base(), Breakdown({"engine_buffers": w.sync_bytes})))
+    _expect(w, state, TRAIN_STATES + ("sync",))
     return trained_holding(w.process, w.role, m, state, reserved)
 
 
@@ -211,14 +250,14 @@ def _role(d: Declaration, w: Worker, group: str) -> RoleEstimate:
     if isinstance(m, TrainedRole):
         rs = m.scenario
         return RoleEstimate(model=rs.model.id, trains=True, engine=w.engine or engine_of(rs).describe(rs),
-                            params=m.params, trainable=m.trainable, rows=w.train_rows, idle=m.idle(w.sleeps),
+                            params=m.params, trainable=m.trainable, rows=w.train_rows, idle=w.rest_bytes(),
                             active=m.allocated.peak, host_per_node=m.host.peak.total, **common)
     if isinstance(m, FrozenRole):
         return RoleEstimate(model=m.scenario.model.id, trains=False, engine=w.engine or m.engine, params=m.params,
                             trainable=0, rows=w.score_rows, idle=m.idle(), active=m.active(),
                             host_per_node=frozen_host(m, min(gpus, per_node)).peak.total, **common)
-    policy = d.worker("policy").model
-    return RoleEstimate(model=m.model.id, trains=False, engine=w.engine, params=policy.params, trainable=0, rows=0,
+    params = d.worker("policy").model.params if w.role == "generator" else full_params(m.model)
+    return RoleEstimate(model=m.model.id, trains=False, engine=w.engine, params=params, trainable=0, rows=0,
                         idle=_generator_bytes(m, "rest", w.sleeps), active=m.awake(),
                         host_per_node=generator_host(m, gpus, per_node, s.hardware.runtime), **common)
 
@@ -234,7 +273,7 @@ def _host(d: Declaration) -> PhaseProfile:
     parts = [w.model.host for w in trained]
     parts += [frozen_host(w.model, min(d.gpus(w), per_node)) for w in d.workers if isinstance(w.model, FrozenRole)]
     total = {p: add_parts(*(x.phases[p] for x in parts)) for p in PHASES}
-    extra = sum(w.model.sleep_host_bytes() * min(w.model.scenario.world_size, per_node) for w in trained if w.sleeps)
+    extra = sum(w.parked_host_bytes() * min(w.model.scenario.world_size, per_node) for w in trained)
     extra += sum(generator_host(w.model, d.gpus(w), per_node, d.scenario.hardware.runtime)
                  for w in d.workers if isinstance(w.model, Generator))
     return PhaseProfile({p: b.plus("weights", extra) for p, b in total.items()})
