@@ -37,6 +37,7 @@ def place(s: Scenario, notes: list[str]) -> Placement:
 def estimate(s: Scenario) -> Estimate:
     notes: list[str] = []
     placement = place(s, notes)
+    s = placement.scenario or s  # the run as its framework runs it (verl trains under FSDP whatever was said)
     worst = min(placement.groups, key=lambda g: g.margin_bytes)
     host = placement.host
     host_margin = None if s.hardware.host_ram is None else s.hardware.host_ram - host.peak.total

@@ -171,7 +171,7 @@ def place(d: Declaration) -> Placement:
     drivers = {f"{r.role} per GPU at its own peak": r.active.total for r in roles}
     policy = d.worker("policy").model
     return Placement(roles, groups, _host(d), policy.params, policy.trainable, drivers, needed,
-                     notes + policy.states.notes)
+                     notes + policy.states.notes, scenario=d.scenario)
 
 
 def _pool_of(d: Declaration, role: str) -> str:
@@ -197,7 +197,7 @@ def _moments(d: Declaration) -> dict[Moment, list[Holding]]:
         ordered = ([w for w in busy_workers if not isinstance(w.model, Generator)]
                    + [w for w in rest if not isinstance(w.model, Generator)]
                    + [w for w in busy_workers + rest if isinstance(w.model, Generator)])  # engines sit beside
-        out[Moment(step.moment, step.phase)] = [holding(w, states.get(w.role, "rest"), reserved.get(w.role), s=d.scenario)
+        out[Moment(step.moment, step.phase)] = [holding(w, states.get(w.role, "rest"), reserved.get(w.role), d.scenario)
                                                 for w in ordered]
     return out
 

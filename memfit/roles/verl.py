@@ -143,8 +143,9 @@ def _parking(params: bool, optimizer: bool) -> Parking:
 
 
 def _sync_bytes(actor: TrainedRole, facts: dict) -> int:
-    """update_weights: one bucket of 16-bit weights on its way to vLLM, and the largest tensor gathered whole."""
-    largest = max(t.total for t in actor.tensors) * 2
+    """update_weights: one bucket of 16-bit weights on its way to vLLM, and the largest tensor gathered whole from
+    its fp32 shards (SHARDED_STATE_DICT, DTensor.full_tensor() one tensor at a time) with its bf16 copy."""
+    largest = max(t.total for t in actor.tensors) * (4 + 2)
     return facts["sync_bucket_bytes"] + largest
 
 
