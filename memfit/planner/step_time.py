@@ -20,7 +20,7 @@ import math
 
 from memfit.facts.methods import generator_facts, method_facts
 from memfit.roles.generator import Generator, full_params
-from memfit.roles.ray import named_model, reward_and_critic
+from memfit.roles.placement import named_model, reward_and_critic
 from memfit.facts.engines import Sharding, engine_of
 from memfit.facts.scenario import Scenario
 from memfit.planner.speed import (GB, StepTime, assumptions, gather_seconds, host_link_bytes_per_second,

@@ -2,27 +2,42 @@
 
 A run is split into roles (the trained policy; for preference / RL methods also a reference, critic, reward
 model, vLLM generator), each role placed in processes and GPU groups the way its framework does
-(data/methods.toml; OpenRLHF colocation flags): one training process per GPU (one_process.py: SFT, pre-training,
-DPO and its relatives, reward models) or OpenRLHF's Ray processes (ray.py: PPO, GRPO). The Estimate's
-top-level profiles are the worst GPU group's; a single-model run is one role in one group.
+(data/placements.toml names the placement of each framework and method): one training process per GPU
+(one_process.py: SFT, pre-training, DPO and its relatives, reward models) or an RL framework's declared workers
+(placement.py turns a declaration into GPU groups; openrlhf.py: PPO, GRPO, and the layout of a framework without
+its own; verl.py: verl's hybrid engine). The Estimate's top-level profiles are the worst GPU group's; a single-model run is one role in one group.
 """
 from __future__ import annotations
 
 from memfit.facts.catalog import ModelSpec
 from memfit.facts.error_bands import band_of
 from memfit.facts.methods import method_facts, run_methods, several_models
+from memfit.facts.placements import placement_for
 from memfit.facts.scenario import Scenario
 from memfit.memory.inventory import count_params
 from memfit.memory.phases import verdict_of
 from memfit.memory.remote_code import notes as remote_code_notes
-from memfit.roles import one_process, ray
-from memfit.roles.result import Estimate
+from memfit.roles import one_process, openrlhf, placement, verl
+from memfit.roles.result import Estimate, Placement
+
+
+def _declared(module):
+    """A framework's declaration module as a placement: declare, then the generic placement."""
+    return lambda s, notes: placement.place(module.declare(s, notes))
+
+
+# data/placements.toml row name -> the code that places it (tests/test_placements.py: every row has one)
+DECLARATIONS = {"one_process": one_process.place, "openrlhf": _declared(openrlhf), "verl": _declared(verl)}
+
+
+def place(s: Scenario, notes: list[str]) -> Placement:
+    return DECLARATIONS[placement_for(s.profile, s.method).name](s, notes)
 
 
 def estimate(s: Scenario) -> Estimate:
-    facts = method_facts(s.method)
     notes: list[str] = []
-    placement = (ray if facts.get("generator") else one_process).place(s, notes)
+    placement = place(s, notes)
+    s = placement.scenario or s  # the run as its framework runs it (verl trains under FSDP whatever was said)
     worst = min(placement.groups, key=lambda g: g.margin_bytes)
     host = placement.host
     host_margin = None if s.hardware.host_ram is None else s.hardware.host_ram - host.peak.total

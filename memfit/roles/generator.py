@@ -20,6 +20,9 @@ class Generator:
     sleep: bool
     capacity: int
     facts: dict
+    # vLLM sleep level: 1 offloads the weights to host RAM (OpenRLHF), 2 discards them, the next weight sync
+    # refills them (verl 0.9.1 vllm_async_server.py _resolve_sleep_level: 2 for full weights, 1 for LoRA adapters)
+    sleep_level: int = 1
 
     @property
     def weights(self) -> int:  # bf16 weights per GPU (tensor parallel shards)
@@ -50,7 +53,7 @@ class Generator:
         return Breakdown({"weights": self.weights, "engine_buffers": self.facts["sleep_residual_bytes"]})
 
     def host_per_gpu(self) -> int:
-        return self.weights if self.sleep else 0
+        return self.weights if self.sleep and self.sleep_level == 1 else 0
 
 
 @cache

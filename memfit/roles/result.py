@@ -50,6 +50,7 @@ class Placement:
     drivers: dict[str, int]  # named bytes that explain the peak
     gpus_needed: int
     notes: list[str] = field(default_factory=list)
+    scenario: Scenario | None = None  # the run as its framework runs it, where the placement changed it (verl: FSDP)
 
 
 @dataclass

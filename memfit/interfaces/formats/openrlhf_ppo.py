@@ -60,7 +60,7 @@ def _colocate(v) -> str:
 
 def _world(k: dict, gpus: dict[str, int], per_node: dict[str, int], notes: list[str]) -> dict:
     """The GPUs the placement needs: one group per set of colocated roles (its largest role's GPUs), the vLLM
-    engines apart unless everything is colocated (as memfit/roles/ray.py places them)."""
+    engines apart unless everything is colocated (as memfit/roles/openrlhf.py places them)."""
     def group(role: str) -> str:
         if k["colocate"] == "all":
             return "all"
