@@ -114,8 +114,9 @@ def verdict_html(doc: dict) -> str:
     rank = doc["per_rank"]["device_total"]
     text = (f"device total {gib(rank['peak_bytes'])} GiB of {gib(doc['gpu_memory_bytes'])} GiB per GPU "
             f"(peak in {escape(rank['peak_phase'])}), margin {gib(doc['margin_bytes'])} GiB; error band "
-            f"{doc['band_fraction']:.1%} of the device total ({escape(doc['band_kind'])} runs), "
-            f"{doc['oom_chance']:.0%} chance of running out of memory")
+            f"{doc['band_fraction']:.1%} of the device total ({escape(doc['band_kind'])} runs)")
+    if v != "host_oom":  # the chance is the GPU's; beside HOST OOM it read as the run's
+        text += f", {doc['oom_chance']:.0%} chance of running out of GPU memory"
     if doc.get("host_margin_bytes") is not None:
         text += f"; host margin {gib(doc['host_margin_bytes'])} GiB per node"
     return (f'<div class="verdict {escape(v)}" id="verdict"><span class="word">{VERDICT_WORDS.get(v, escape(v))}'
