@@ -23,8 +23,8 @@ CSS = """
 :root { color-scheme: light dark; --bg: #ffffff; --fg: #1b1f24; --muted: #59636e; --grid: #d8dee4;
   --panel: #f6f8fa; --cap: #cf222e; --over: rgba(207, 34, 46, 0.08); --host: #8250df; --mark: #1b1f24;
   --fits: #1a7f37; --tight: #9a6700; --oom: #cf222e;
-  --c-weights: #4c78a8; --c-gradients: #f58518; --c-optimizer_states: #e45756; --c-activations: #72b7b2;
-  --c-logits_loss: #54a24b; --c-engine_buffers: #b279a2; --c-runtime_overhead: #9d755d; }
+  --c-weights: #4c78a8; --c-gradients: #c45f00; --c-optimizer_states: #e45756; --c-activations: #2b8a84;
+  --c-logits_loss: #3a8a33; --c-engine_buffers: #b279a2; --c-runtime_overhead: #9d755d; }
 @media (prefers-color-scheme: dark) {
   :root { --bg: #0d1117; --fg: #e6edf3; --muted: #9198a1; --grid: #30363d; --panel: #161b22; --cap: #ff7b72;
     --over: rgba(255, 123, 114, 0.10); --host: #d2a8ff; --mark: #e6edf3; --fits: #3fb950; --tight: #d29922;

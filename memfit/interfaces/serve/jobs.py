@@ -95,8 +95,10 @@ def export_doc(body) -> dict:
     except MemfitError as e:  # "<hf text>: cannot write loss='standard' in a hf config: ..."
         m = re.search(r"cannot write (\w+)=", str(e))
         field = m.group(1) if m else None
-        raise requests.FieldError(f"{uploads.FORMAT_NAMES.get(fmt, fmt)} cannot say {field or 'a setting'} of "
-                                  f"this run: {str(e).split(': ', 1)[-1]}; change {field or 'it'} or pick another "
+        why = str(e).split(": ", 1)[-1].split(" in a ", 1)[0].replace("cannot write ", "")
+        whose = f" (the {s.profile} profile's default)" if field and field not in b else ""
+        raise requests.FieldError(f"{uploads.FORMAT_NAMES.get(fmt, fmt)} cannot say {why}{whose}: "
+                                  f"{str(e).rsplit(': ', 1)[-1]}; set {field or 'it'} in the form or pick another "
                                   "format", field) from None
     return out | {"profile": s.profile, "model": s.model.id}
 

@@ -18,7 +18,7 @@ SKIPPED = {"global_batch", "sharding"}  # the plan's own words, not knobs; globa
 def plan_answer(body) -> dict:
     doc = jobs.plan_doc(body)
     more = None if doc["rows"] else more_gpus(body, doc)
-    return {"heading": heading(doc, more), "html": table(doc, more), "found": len(doc["rows"]), "more_gpus": more,
+    return {"heading": heading(doc, more), "html": table(body, doc, more), "found": len(doc["rows"]), "more_gpus": more,
             "warnings": doc["warnings"]}
 
 
@@ -46,35 +46,59 @@ def heading(doc: dict, more: dict | None) -> str:
     return f"plan: nothing fits on {where}, nor on up to 64 of them; allow LoRA or QLoRA, or a larger GPU"
 
 
-def row_fields(config: dict) -> dict:
-    """A plan row's configuration as the form's fields (None: back to the profile's default)."""
+def row_fields(body, start: dict, config: dict) -> dict | None:
+    """A plan row's changes from the start as the form's fields (None: back to the profile's default), as the
+    form accepts them: a knob the form refuses as having no effect there is left out; None when the form, so
+    changed, would not be read at all (then the row has no button)."""
+    from memfit.errors import MemfitError
+
     names = requests.spellings()
-    return {k: v for k, v in config.items() if k in names and k not in SKIPPED}
+    fields = {k: v for k, v in config.items()
+              if k in names and k not in SKIPPED and v != start["config"].get(k)}
+    for _ in range(4):
+        try:
+            requests.scenario(_with(body, fields))
+            return fields
+        except MemfitError as e:
+            if getattr(e, "field", None) not in fields:
+                return None
+            del fields[e.field]  # "--checkpoint-every-n has no effect here": the row's value of it is inert
+    return None
 
 
-def table(doc: dict, more: dict | None) -> str:
-    start_fits = doc["start"]["verdict"] == "fits"
-    rows = [_row("start", doc["start"], start_fits, apply=False)]
-    rows += [_row(str(i), r, start_fits) for i, r in enumerate(doc["rows"], 1)]
+def _with(body, fields: dict) -> dict:
+    from memfit.interfaces.serve.answer import _with as applied
+
+    return {k: v for k, v in applied(body, fields).items() if v is not None}
+
+
+def table(body, doc: dict, more: dict | None) -> str:
+    start = doc["start"]
+    start_fits = start["verdict"] == "fits"
+    rows = [_row("start", start, start_fits, None)]
+    rows += [_row(str(i), r, start_fits, row_fields(body, start, r["config"])) for i, r in enumerate(doc["rows"], 1)]
     if more:
-        rows.append(_row(f"on {more['gpus']} GPUs", more["row"], start_fits, extra={
-            "gpus_per_node": more["gpus_per_node"], "nodes": more["nodes"]}))
+        wider = {"gpus_per_node": more["gpus_per_node"], "nodes": more["nodes"]}
+        fields = row_fields(_with(body, wider), start, more["row"]["config"])
+        rows.append(_row(f"on {more['gpus']} GPUs", more["row"], start_fits,
+                         None if fields is None else wider | fields))
     elif not doc["rows"] and doc.get("closest_miss"):
-        rows.append(_row("closest miss", doc["closest_miss"], start_fits, apply=False))
+        rows.append(_row("closest miss", doc["closest_miss"], start_fits, None))
     head = "".join(f"<th scope=\"col\">{h}</th>" for h in ("#", "verdict", "GiB per GPU", "speed", "changes", ""))
     return f'<div class="table-wrap"><table id="plan-table"><tr>{head}</tr>{"".join(rows)}</table></div>'
 
 
-def _row(label: str, r: dict, start_fits: bool, apply: bool = True, extra: dict | None = None) -> str:
+def _row(label: str, r: dict, start_fits: bool, fields: dict | None) -> str:
+    """A table row; `fields`: what its "apply this row" button sets in the form (None: no button)."""
     changes = "".join(f"<li>{escape(change_words(c, start_fits))}</li>" for c in r["changes"]) or "<li>none</li>"
-    fields = row_fields(r["config"]) | (extra or {})
     button = (f'<button type="button" class="apply-row" data-fields="{escape(json.dumps(fields))}">apply this row'
-              "</button>" if apply else "")
+              "</button>" if fields is not None else "")
     room = r["headroom_bytes"]
     spare = f"{room / GiB:.1f} to spare" if room >= 0 else f"needs {-room / GiB:.1f} more"
-    return (f'<tr class="plan-row" data-row="{escape(label)}"><td>{escape(label)}</td>'
-            f'<td class="{escape(r["verdict"])}">{escape(r["verdict"])}</td>'
-            f'<td>{r["device_peak_bytes"] / GiB:.1f} ({spare})</td><td>{r["tokens_per_second"]:,.0f} tokens/s</td>'
+    return (f'<tr class="plan-row" data-row="{escape(label)}"><td data-label="#">{escape(label)}</td>'
+            f'<td data-label="verdict" class="{escape(r["verdict"])}">{escape(r["verdict"])}</td>'
+            f'<td data-label="GiB per GPU">{r["device_peak_bytes"] / GiB:.1f} ({spare})</td>'
+            f'<td data-label="speed">{r["tokens_per_second"]:,.0f} tokens/s</td>'
             f'<td class="text"><ul class="changes">{changes}</ul></td><td>{button}</td></tr>')
 
 
@@ -85,6 +109,7 @@ def change_words(c: dict, start_fits: bool) -> str:
     saving = c["device_saving_bytes"]
     memory = (f"saves {saving / GiB:.1f} GiB per GPU" if saving > 0.05 * GiB else
               f"needs {-saving / GiB:.1f} GiB more per GPU" if saving < -0.05 * GiB else "about the same memory")
+    memory = f"alone {memory}" if c["measured"] == "alone" and saving < -0.05 * GiB else memory
     why = " (needed to fit)" if c["needed_to_fit"] and not start_fits else ""
     edit = " (needs a code edit: no flag)" if c.get("code_edit") else ""
     return (f"{c['knob'].replace('_', ' ')} {c['before']} \u2192 {c['after']}: {memory}, "

@@ -17,6 +17,7 @@ from memfit.interfaces.serve.requests import FieldError
 
 TIME_LIMIT = 30.0  # seconds of one request; the largest plan in the tests takes ~2 s on one core
 BUSY_WAIT = 60.0  # seconds a request waits for an idle worker before it is answered "busy"
+START_LIMIT = 120.0  # seconds a fresh worker may take to import memfit (its start-up is not the request's time)
 
 
 class TimeLimit(Exception):
@@ -38,6 +39,7 @@ def _serve(conn) -> None:
     from memfit.errors import MemfitError
 
     jobs = _jobs()
+    conn.send(("ready",))  # imported: the time limit counts from here, not over the start-up
     while True:
         try:
             job, body = conn.recv()
@@ -58,6 +60,15 @@ class _Worker:
         self.process = context.Process(target=_serve, args=(child,), daemon=True)
         self.process.start()
         child.close()
+        self.ready = False
+
+    def wait_ready(self) -> None:
+        """Until the worker has imported memfit (a fresh one: a second or two)."""
+        if not self.ready:
+            if not self.conn.poll(START_LIMIT):
+                raise TimeLimit(f"a worker process did not start within {START_LIMIT:g} s; restart memfit serve")
+            self.conn.recv()
+            self.ready = True
 
     def stop(self) -> None:
         self.process.kill()
@@ -95,11 +106,12 @@ class Pool:
         """The job's answer, from a worker; blocks (call it from a thread, not the event loop)."""
         worker = self._take()
         try:
+            worker.wait_ready()
             worker.conn.send((job, body))
             if not worker.conn.poll(self.seconds):
-                raise TimeLimit(f"this request ran past the server's limit of {self.seconds:g} s of CPU time and "
-                                "was stopped; ask for less (a smaller plan: fewer allowed changes, --top), or run "
-                                "the same command with memfit on the command line")
+                raise TimeLimit(f"this request ran past the server's time limit of {self.seconds:g} s and was "
+                                "stopped; ask for less (a plan with fewer allowed changes or rows), or run the same "
+                                "command with memfit on the command line")
             answer = worker.conn.recv()
         except BaseException:
             worker.stop()  # killed mid-job (or its pipe broke): a fresh one takes its place on the next request
