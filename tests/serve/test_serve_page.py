@@ -102,11 +102,14 @@ def test_the_plan_reads_as_words_and_its_rows_apply(client):
 
 
 def test_nothing_fitting_on_the_gpus_given_says_how_many_it_needs(client):
-    body = {"model": "llama3.1-8b", "gpu": "rtx4090", "tuning": "full", "host_ram": "128GiB"}
+    body = {"model": "llama3.1-8b", "gpu": "rtx4090", "tuning": "full", "host_ram": "128GiB", "allow": []}
     doc = ok(client.post("/api/plan_view", json=body))
     assert doc["found"] == 0 and doc["more_gpus"]["gpus"] == 2, doc["heading"]
     assert "needs 2 GPUs of this kind" in doc["heading"]
     assert 'data-row="on 2 GPUs"' in doc["html"] and "apply this row" in doc["html"]
+    fields = json.loads(re.findall(r'class="apply-row" data-fields="([^"]+)"', doc["html"])[-1].replace("&quot;", '"'))
+    applied = {k: v for k, v in (body | fields).items() if v is not None and k != "allow"}
+    assert applied["gpus_per_node"] == 2 and ok(client.post("/api/answer", json=applied))["verdict"] == "fits"
     wider = body | {"gpus_per_node": 2}
     assert ok(client.post("/api/plan", json=wider))["rows"], "the same plan on 2 GPUs finds a row"
 

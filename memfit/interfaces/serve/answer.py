@@ -8,8 +8,6 @@ button offers only what the same form, sent again, answers "fits".
 """
 from __future__ import annotations
 
-from html import escape
-
 from memfit.errors import MemfitError
 from memfit.interfaces.serve import requests
 
@@ -88,9 +86,28 @@ def _with(body: dict, fields: dict) -> dict:
     return kept | fields
 
 
+SHARDING = ("engine", "zero_stage", "fsdp_strategy")  # one choice in words: "FSDP full_shard instead of ZeRO-2"
+
+
 def change_words(s, fields: dict) -> str:
-    return ", ".join(f"{SHORT_NAMES.get(k, k.replace('_', ' '))} {_word(getattr(s, k, None))} \u2192 {_word(v)}"
-                     for k, v in fields.items())
+    """A change as a person says it: "checkpointing off -> full", "FSDP full_shard instead of ZeRO-2"."""
+    words = []
+    if any(k in fields for k in SHARDING):
+        now = {k: getattr(s, k, None) for k in SHARDING}
+        words.append(f"{_sharding(now | {k: v for k, v in fields.items() if k in SHARDING})} instead of "
+                     f"{_sharding(now)}")
+    words += [f"{SHORT_NAMES.get(k, k.replace('_', ' '))} {_word(getattr(s, k, None))} \u2192 {_word(v)}"
+              for k, v in fields.items() if k not in SHARDING]
+    return ", ".join(words)
+
+
+def _sharding(v: dict) -> str:
+    engine = v.get("engine")
+    if engine == "deepspeed":
+        return f"ZeRO-{v.get('zero_stage')}"
+    if engine == "fsdp":
+        return f"FSDP {v.get('fsdp_strategy') or 'full_shard'}"
+    return {"ddp": "DDP", "single": "one GPU"}.get(engine, str(engine))
 
 
 def _word(value) -> str:
@@ -123,9 +140,3 @@ def _json(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def items(title: str, values: list[str], list_id: str) -> str:
-    """A titled list for the page (escaped), or nothing when empty."""
-    if not values:
-        return ""
-    return (f"<h2>{escape(title)}</h2><ul id=\"{list_id}\">"
-            + "".join(f"<li>{escape(str(v))}</li>" for v in values) + "</ul>")

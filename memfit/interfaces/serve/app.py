@@ -12,7 +12,7 @@ import json
 import os
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
@@ -107,7 +107,7 @@ def _route(app: FastAPI, pool: Pool, path: str, job: str, schema: str, html: boo
     async def handler(request: Request):
         body = await _json_body(request)  # parsed here: a malformed body never reaches a worker
         answer = await run_in_threadpool(pool.run, job, body)
-        return HTMLResponse(answer) if html else answer
+        return HTMLResponse(answer) if html else Response(answer, media_type="application/json")
 
     app.post(path, response_class=HTMLResponse if html else JSONResponse, openapi_extra=request_body(schema),
              summary=summary, name=job)(handler)

@@ -23,11 +23,10 @@ ALLOWED = (("lora", "LoRA"), ("qlora", "QLoRA"), ("8bit", "8-bit optimizer state
 STYLE = """<style>
 body { max-width: 1280px; }
 :root { --control: #6e7781; } @media (prefers-color-scheme: dark) { :root { --control: #8b949e; } }
-#bar { position: sticky; top: 0; z-index: 5; background: var(--bg); padding: 0.5em 0; margin: 0 0 0.6em;
-  border-bottom: 1px solid var(--control); }
+#bar { position: sticky; top: 0; z-index: 5; background: var(--bg); padding: 0.4em 0; }
 #bar .verdict { margin: 0; padding: 0.45em 0.8em; font-weight: 600; }
 #bar.stale .verdict { opacity: 0.45; }
-#fixes { display: flex; flex-wrap: wrap; gap: 0.4em; margin-top: 0.4em; }
+#fixes { display: flex; flex-wrap: wrap; gap: 0.4em; margin: 0 0 0.8em; }
 .layout { display: grid; grid-template-columns: minmax(260px, 340px) minmax(0, 1fr); gap: 1.2em; align-items: start; }
 form#knobs { display: grid; gap: 0.5em; background: var(--panel); padding: 0.8em; border-radius: 6px; }
 form#knobs label, .controls label { display: flex; flex-direction: column; font-size: 0.9em; color: var(--muted);
@@ -118,8 +117,8 @@ def form() -> str:
 
 def bar() -> str:
     return ('<div id="bar" class="stale"><div class="verdict" id="verdict-bar"><span class="word" id="verdict-word">'
-            '</span> <span id="headline">name a model to start</span></div><div id="fixes"></div>'
-            '<p class="visually-hidden" id="live" aria-live="polite" role="status"></p></div>')
+            '</span> <span id="headline">name a model to start</span></div>'
+            '<p class="visually-hidden" id="live" aria-live="polite" role="status"></p></div><div id="fixes"></div>')
 
 
 def answer_section() -> str:

@@ -57,7 +57,7 @@ def row_fields(body, start: dict, config: dict) -> dict | None:
               if k in names and k not in SKIPPED and v != start["config"].get(k)}
     for _ in range(4):
         try:
-            requests.scenario(_with(body, fields))
+            requests.scenario(_with(body, fields), requests.EXTRA_KEYS["plan"])
             return fields
         except MemfitError as e:
             if getattr(e, "field", None) not in fields:

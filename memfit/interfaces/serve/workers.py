@@ -9,6 +9,7 @@ is raised here as requests.FieldError, so the app answers it as it answers any o
 """
 from __future__ import annotations
 
+import json
 import multiprocessing
 import queue
 import threading
@@ -46,12 +47,19 @@ def _serve(conn) -> None:
         except (EOFError, OSError):
             return
         try:
-            conn.send(("ok", jobs[job](body)))
+            answer = jobs[job](body)
+            # a document goes back as its JSON text: a string crosses the pipe faster than a deep dict, and the
+            # server sends it as it is
+            conn.send(("json", json.dumps(answer)) if isinstance(answer, (dict, list)) else ("ok", answer))
         except MemfitError as e:
             conn.send(("error", str(e), getattr(e, "field", None)))
         except Exception as e:  # a bug: one line to the page, as the command line prints its internal errors
             conn.send(("error", f"internal error in memfit ({type(e).__name__}: {str(e)[:200]}); please report it",
                        None))
+
+
+class Json(str):
+    """A document's JSON text, as a worker encoded it."""
 
 
 class _Worker:
@@ -103,7 +111,8 @@ class Pool:
             raise TimeLimit(f"the server is busy: {self.size} requests are running; try again in a minute") from None
 
     def run(self, job: str, body):
-        """The job's answer, from a worker; blocks (call it from a thread, not the event loop)."""
+        """The job's answer, from a worker: a str (HTML), or Json (a document's JSON text); blocks (call it from
+        a thread, not the event loop)."""
         worker = self._take()
         try:
             worker.wait_ready()
@@ -121,7 +130,7 @@ class Pool:
         self._idle.put(worker)
         if answer[0] == "error":
             raise FieldError(answer[1], answer[2])
-        return answer[1]
+        return Json(answer[1]) if answer[0] == "json" else answer[1]
 
     def close(self) -> None:
         while not self._idle.empty():
