@@ -138,11 +138,38 @@ def _framework_parses(fmt: str, text: str, knobs: dict) -> None:
     if fmt == "hf":
         pytest.importorskip("trl")
         validate.validate_hf(text, "sft")
+    elif fmt == "openrlhf":
+        _openrlhf_parses(text, knobs)
     elif fmt == "llamafactory" and knobs["tuning"] == "lora" and (validate.LLAMAFACTORY_VENV / "bin" / "python").exists():
         # the export says the run, not the data: the user adds the dataset and template before launching
         parsed = validate.validate_llamafactory(text + "dataset: identity\ntemplate: llama3\n")
         assert parsed["finetuning_type"] == "lora" and parsed["cutoff_len"] == knobs["seq_len"]
         assert parsed["per_device_train_batch_size"] == knobs["micro_batch"]
+
+
+def _openrlhf_parses(text: str, knobs: dict) -> None:
+    """OpenRLHF's own argparse (from its cached wheel's source) on the exported command's arguments."""
+    from memfit.interfaces.formats import MODULES, validate_openrlhf
+    from memfit.interfaces.formats import openrlhf as orl
+
+    imported = MODULES["openrlhf"].read(text)
+    try:
+        validate_openrlhf.openrlhf_source(imported.variant, imported.doc.script)
+    except Exception:  # noqa: BLE001 - no cached wheel and no index: OpenRLHF's parser does not run here
+        return
+    parsed = vars(validate_openrlhf.validate_openrlhf(orl.arguments(imported), imported.variant, imported.doc.script))
+    assert parsed["train.micro_batch_size"] == knobs["micro_batch"] and parsed["data.max_len"] == knobs["seq_len"]
+    assert (parsed["ds.lora.rank"] > 0) == (knobs.get("tuning") == "lora")
+
+
+def test_the_plans_global_batch_control_is_checked_beside_it(client):
+    body = {"model": INSTRUCT, "gpu": "rtx4090", "tuning": "lora", "checkpointing": "full"}
+    r = client.post("/api/plan_view", json=body | {"global_batch": "abc"})
+    assert r.status_code == 422 and r.json()["field"] == "global_batch"
+    doc = ok(client.post("/api/plan_view", json=body | {"global_batch": 8, "allow": ["qlora"]}))
+    rows = ok(client.post("/api/plan", json=body | {"global_batch": 8, "allow": ["qlora"]}))["rows"]
+    assert doc["found"] == len(rows) > 0
+    assert all(r["config"]["global_batch"] == 8 for r in rows)
 
 
 def test_export_names_in_one_line_the_field_a_format_cannot_say(client):
@@ -200,9 +227,13 @@ def test_every_control_has_a_label_and_colours_have_contrast(client):
         assert f'for="{control}"' in page, f"no label names #{control}"
     assert 'aria-live="polite"' in page
     light = dict(re.findall(r"--([\w-]+): (#[0-9a-f]{6})", _without_dark(page)))
-    for name in ("muted", "fits", "tight", "oom", "control") + tuple(k for k in light if k.startswith("c-")):
-        for bg in ("bg", "panel"):
-            assert _contrast(light[name], light[bg]) >= 3.0, (name, bg, light[name])
+    dark = light | dict(re.findall(r"--([\w-]+): (#[0-9a-f]{6})", "".join(
+        re.findall(r"@media \(prefers-color-scheme: dark\) \{(.*?)\}\s*\}", page, re.S))))
+    for scheme in (light, dark):
+        for name in ("muted", "fits", "tight", "oom", "control") + tuple(k for k in light if k.startswith("c-")):
+            for bg in ("bg", "panel"):
+                assert _contrast(scheme[name], scheme[bg]) >= 3.0, (name, bg, scheme[name])
+    assert dark["bg"] != light["bg"]
 
 
 def _without_dark(css: str) -> str:
