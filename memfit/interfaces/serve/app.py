@@ -1,10 +1,12 @@
 """`memfit serve`'s FastAPI app: the page at / and the JSON API under /api (OpenAPI description at /openapi.json).
 
-Every answer is one of memfit's own documents (`estimate --json`, `plan --json`, the HTML report); every error is
-{"error": one line, "field": the knob it is about or null}: 422 for a value memfit refuses, 400 for a body that
-is not JSON, 413 over the size limit, 403 for a Host or Origin that is not this server's, 415 for a body that is
-not Content-Type application/json (limits.py). Bodies are parsed here (not by FastAPI) so that malformed, deep or huge
-JSON gets memfit's one-line answer. Imported only by `memfit serve` (fastapi is the optional extra memfit[serve]).
+Every answer is one of memfit's own documents (`estimate --json`, `plan --json`, the HTML report) or the page's
+views of them (/api/answer, /api/plan_view); every error is {"error": one line, "field": the knob it is about or
+null}: 422 for a value memfit refuses, 400 for a body that is not JSON, 413 over the size limit, 403 for a Host or
+Origin that is not this server's, 415 for a body that is not Content-Type application/json (limits.py), 503 for a
+request stopped at the time limit or with no idle worker (workers.py). Bodies are parsed here (not by FastAPI) so
+that malformed, deep or huge JSON gets memfit's one-line answer; the work runs in worker processes (jobs.py).
+Imported only by `memfit serve` (fastapi is the optional extra memfit[serve]).
 """
 from __future__ import annotations
 
