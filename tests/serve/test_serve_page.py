@@ -229,8 +229,10 @@ def test_every_control_has_a_label_and_colours_have_contrast(client):
     light = dict(re.findall(r"--([\w-]+): (#[0-9a-f]{6})", _without_dark(page)))
     dark = light | dict(re.findall(r"--([\w-]+): (#[0-9a-f]{6})", "".join(
         re.findall(r"@media \(prefers-color-scheme: dark\) \{(.*?)\}\s*\}", page, re.S))))
+    drawn = tuple(k for k in light if k.startswith("c-") or re.fullmatch(r"s\d", k))  # bars and lines
+    assert len(drawn) >= 15
     for scheme in (light, dark):
-        for name in ("muted", "fits", "tight", "oom", "control") + tuple(k for k in light if k.startswith("c-")):
+        for name in ("muted", "fits", "tight", "oom", "control") + drawn:
             for bg in ("bg", "panel"):
                 assert _contrast(scheme[name], scheme[bg]) >= 3.0, (name, bg, scheme[name])
     assert dark["bg"] != light["bg"]
