@@ -1,7 +1,10 @@
 """`memfit serve` in a real browser: Playwright drives Debian's chromium (never a downloaded one) against the app
 on 127.0.0.1 and a free port: the 4 x RTX 4090 Qwen2-7B report goes OOM with a bar over the capacity line, fits
 with the optimizer offloaded, exports a DeepSpeed JSON that parses; a LLaMA-Factory YAML fills the form; a bad
-value shows its error beside its field. Screenshots go to $MEMFIT_TEST_ARTIFACTS (else a temporary folder)."""
+value shows its error beside its field. At 1280 x 900 and at 390 x 844: the verdict bar stays in view, an OOM
+offers at least two changes that each give "fits" at one click, nothing scrolls sideways, every control has a
+label and a 44 px target, a cleared model greys the old verdict out, the plan says how many GPUs it needs and its
+row applies. Screenshots go to $MEMFIT_TEST_ARTIFACTS (else a temporary folder); docs/serve-*.png are from it."""
 from __future__ import annotations
 
 import json
