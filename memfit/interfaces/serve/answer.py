@@ -133,7 +133,9 @@ def next_line(verdict: str, steps: list[dict], s) -> str:
                 "them, and estimate again")
     if steps:
         return "next: apply one of these changes (each fits; cheapest first), or plan for more"
-    return "next: no change of one or two knobs fits with this method; plan, allowing LoRA or QLoRA"
+    allow = ("QLoRA or 8-bit optimizer states" if s.tuning == "lora" else "8-bit optimizer states"
+             if s.tuning == "qlora" else "LoRA or QLoRA")
+    return f"next: no change of one or two knobs fits with this method; plan, allowing {allow}"
 
 
 def _json(value):
