@@ -218,18 +218,22 @@ def find_model(name: str) -> ModelSpec:
     if _is_local(name):
         return model_from_config_file(Path(name).expanduser())
     index = _model_index()
-    key = norm(name)
-    if key in index:
-        return index[key]
-    tail = norm(name.split("/")[-1])
-    if tail in index:
-        return index[tail]
+    found = index.get(norm(name)) or index.get(norm(name.split("/")[-1]))
+    if found:
+        return as_named(found, name)
     if hub.looks_like_hub_id(name):
         try:
             return _hub_model(name.strip())
         except hub.HubError as e:
             raise MemfitError(f"unknown model {name!r}: not in the catalog; {e}{suggest(name, index)}") from None
     raise MemfitError(f"unknown model {name!r}{suggest(name, index)} (see `memfit models`, or pass a config.json)")
+
+
+def as_named(model: ModelSpec, name: str) -> ModelSpec:
+    """A catalog row found by a hub id it lists (an -Instruct alias of its base row) keeps the id the user gave:
+    every header, title and exported file says that id; the row only supplies the architecture."""
+    name = name.strip()
+    return replace(model, id=name) if "/" in name and norm(name) != norm(model.id) else model
 
 
 @cache  # once per process; huggingface_hub's own cache keeps the file across processes

@@ -85,7 +85,7 @@ def test_progress_goes_to_a_terminal_only(tmp_path):
                       f"sys.exit(main({QWEN_REPORT + ['--json']!r}))"],
                      lambda fd: _tee(fd, out))
     assert os.waitstatus_to_exitcode(code) == 0
-    assert "searching configurations of Qwen/Qwen2-7B on 4 x" in out.read_text(errors="replace")
+    assert "searching configurations of Qwen/Qwen2-7B-Instruct on 4 x" in out.read_text(errors="replace")
 
 
 def _tee(fd: int, path: Path) -> bytes:

@@ -34,7 +34,9 @@ JSON = {"content-type": "application/json"}  # what a raw `content=` body needs:
 def app_client(**options) -> TestClient:
     """A client of the app; TestClient names the server `testserver` in its Host header, so the app is told that
     is its own name (as `memfit serve` tells it the address it binds)."""
-    return TestClient(create_app(allowed_hosts=("testserver",), **options))
+    app = create_app(allowed_hosts=("testserver",), **options)
+    app.state.pool.warm()
+    return TestClient(app)
 
 
 @pytest.fixture(scope="module")

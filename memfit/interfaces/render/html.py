@@ -23,8 +23,8 @@ CSS = """
 :root { color-scheme: light dark; --bg: #ffffff; --fg: #1b1f24; --muted: #59636e; --grid: #d8dee4;
   --panel: #f6f8fa; --cap: #cf222e; --over: rgba(207, 34, 46, 0.08); --host: #8250df; --mark: #1b1f24;
   --fits: #1a7f37; --tight: #9a6700; --oom: #cf222e;
-  --c-weights: #4c78a8; --c-gradients: #f58518; --c-optimizer_states: #e45756; --c-activations: #72b7b2;
-  --c-logits_loss: #54a24b; --c-engine_buffers: #b279a2; --c-runtime_overhead: #9d755d; }
+  --c-weights: #4c78a8; --c-gradients: #c45f00; --c-optimizer_states: #e45756; --c-activations: #2b8a84;
+  --c-logits_loss: #3a8a33; --c-engine_buffers: #b279a2; --c-runtime_overhead: #9d755d; }
 @media (prefers-color-scheme: dark) {
   :root { --bg: #0d1117; --fg: #e6edf3; --muted: #9198a1; --grid: #30363d; --panel: #161b22; --cap: #ff7b72;
     --over: rgba(255, 123, 114, 0.10); --host: #d2a8ff; --mark: #e6edf3; --fits: #3fb950; --tight: #d29922;
@@ -114,8 +114,9 @@ def verdict_html(doc: dict) -> str:
     rank = doc["per_rank"]["device_total"]
     text = (f"device total {gib(rank['peak_bytes'])} GiB of {gib(doc['gpu_memory_bytes'])} GiB per GPU "
             f"(peak in {escape(rank['peak_phase'])}), margin {gib(doc['margin_bytes'])} GiB; error band "
-            f"{doc['band_fraction']:.1%} of the device total ({escape(doc['band_kind'])} runs), "
-            f"{doc['oom_chance']:.0%} chance of running out of memory")
+            f"{doc['band_fraction']:.1%} of the device total ({escape(doc['band_kind'])} runs)")
+    if v != "host_oom":  # the chance is the GPU's; beside HOST OOM it read as the run's
+        text += f", {doc['oom_chance']:.0%} chance of running out of GPU memory"
     if doc.get("host_margin_bytes") is not None:
         text += f"; host margin {gib(doc['host_margin_bytes'])} GiB per node"
     return (f'<div class="verdict {escape(v)}" id="verdict"><span class="word">{VERDICT_WORDS.get(v, escape(v))}'

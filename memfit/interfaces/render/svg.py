@@ -43,7 +43,11 @@ class Line:
 def _ticks(top: int) -> list[int]:
     """Axis ticks in bytes: a round GiB step giving at most six ticks up to `top`."""
     top_gib = top / GiB
-    step = next((s for s in TICK_STEPS_GIB if top_gib / s <= 6), TICK_STEPS_GIB[-1])
+    step = next((s for s in TICK_STEPS_GIB if top_gib / s <= 6), None)
+    decade = 10 * TICK_STEPS_GIB[-1]
+    while step is None:  # past the table (a 10M-token run's TiBs): 1-2-5 steps of ever larger decades
+        step = next((m * decade for m in (1, 2, 5) if top_gib / (m * decade) <= 6), None)
+        decade *= 10
     n = int(top_gib // step)
     return [round(i * step * GiB) for i in range(n + 1)]
 

@@ -163,8 +163,8 @@ def series_legend(series: list[Series]) -> str:
 
 # the colours of the lines (s0..s7) and the vertical marks, light and dark; added to the page's CSS
 CSS = """
-:root { --s0: #4c78a8; --s1: #f58518; --s2: #54a24b; --s3: #b279a2; --s4: #e45756; --s5: #72b7b2;
-  --s6: #9d755d; --s7: #eeca3b; }
+:root { --s0: #4c78a8; --s1: #c45f00; --s2: #3a8a33; --s3: #b279a2; --s4: #e45756; --s5: #2b8a84;
+  --s6: #9d755d; --s7: #8a7300; }
 @media (prefers-color-scheme: dark) {
   :root { --s0: #6fa0d8; --s1: #ffa552; --s2: #7fcf74; --s3: #d5a0c8; --s4: #ff8a87; --s5: #8fd3ce;
     --s6: #c49a80; --s7: #f5d76e; }

@@ -1,25 +1,28 @@
 """`memfit serve`'s FastAPI app: the page at / and the JSON API under /api (OpenAPI description at /openapi.json).
 
-Every answer is one of memfit's own documents (`estimate --json`, `plan --json`, the HTML report); every error is
-{"error": one line, "field": the knob it is about or null}: 422 for a value memfit refuses, 400 for a body that
-is not JSON, 413 over the size limit, 403 for a Host or Origin that is not this server's, 415 for a body that is
-not Content-Type application/json (limits.py). Bodies are parsed here (not by FastAPI) so that malformed, deep or huge
-JSON gets memfit's one-line answer. Imported only by `memfit serve` (fastapi is the optional extra memfit[serve]).
+Every answer is one of memfit's own documents (`estimate --json`, `plan --json`, the HTML report) or the page's
+views of them (/api/answer, /api/plan_view); every error is {"error": one line, "field": the knob it is about or
+null}: 422 for a value memfit refuses, 400 for a body that is not JSON, 413 over the size limit, 403 for a Host or
+Origin that is not this server's, 415 for a body that is not Content-Type application/json (limits.py), 503 for a
+request stopped at the time limit or with no idle worker (workers.py). Bodies are parsed here (not by FastAPI) so
+that malformed, deep or huge JSON gets memfit's one-line answer; the work runs in worker processes (jobs.py).
+Imported only by `memfit serve` (fastapi is the optional extra memfit[serve]).
 """
 from __future__ import annotations
 
 import json
+import os
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from memfit.errors import MemfitError
-from memfit.interfaces.formats.base import shown
-from memfit.interfaces.serve import requests, uploads
+from memfit.interfaces.serve import requests
 from memfit.interfaces.serve.limits import MAX_BODY, BodyLimit, SameOrigin, error_body
 from memfit.interfaces.serve.schema import request_body
+from memfit.interfaces.serve.workers import TIME_LIMIT, Pool, TimeLimit
 
 
 class BadRequest(Exception):
@@ -40,54 +43,10 @@ async def _json_body(request: Request):
         raise BadRequest(f"malformed JSON: {str(e).split(';')[0][:120]}") from None
 
 
-def _estimate_doc(body) -> dict:
-    """The document `memfit estimate --json` prints: the memory answer and the step-time model's (no run size
-    here: the page has no --tokens field)."""
-    from memfit.planner.throughput import speed_json
-    from memfit.roles.estimate import estimate
-
-    result = estimate(requests.scenario(body))
-    return result.to_json() | {"speed": speed_json(result.scenario, None)}
-
-
-def _plan_doc(body) -> dict:
-    from memfit.interfaces.cli.plan import plan_json
-    from memfit.planner.plan import Options, baseline, closest_miss, search_plans
-
-    base = requests.scenario(body, requests.EXTRA_KEYS["plan"])
-    b = requests.canonical(body, requests.EXTRA_KEYS["plan"])
-    allow = b.get("allow") or []
-    allow = allow.split(",") if isinstance(allow, str) else allow
-    if not isinstance(allow, list) or not all(isinstance(x, str) for x in allow):
-        raise requests.FieldError("allow: a list of changes you accept (lora, qlora, 8bit)", "allow")
-    allow = {x.strip() for x in allow if x.strip()}
-    batch = _positive(b, "global_batch", None)
-    top = min(_positive(b, "top", 5), 20)
-    options = Options(code_edits=not b.get("no_code_edits"), resume=not b.get("no_resume"))
-    searched = search_plans(base, allow, batch, top_k=top, options=options)
-    rows = searched.rows
-    start = baseline(base, batch, options)
-    miss = None if rows else closest_miss(base, allow, batch, options)
-    return plan_json(start, rows, miss, options, searched)
-
-
-def _export(body) -> dict:
-    keys = requests.EXTRA_KEYS["export"]
-    fmt = requests.canonical(body, keys).get("format", "deepspeed")
-    return uploads.export(requests.scenario(body, keys), fmt)
-
-
-def _positive(b: dict, key: str, default):
-    value = b.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 2**31:
-        raise requests.FieldError(f"{key} must be a positive integer up to 2^31, got {shown(value)}", key)
-    return value
-
-
-def create_app(max_body: int = MAX_BODY, allowed_hosts: tuple[str, ...] = ()) -> FastAPI:
-    """The app; `allowed_hosts`: Host names it answers besides localhost, 127.0.0.1 and ::1 (the bound address)."""
+def create_app(max_body: int = MAX_BODY, allowed_hosts: tuple[str, ...] = (), workers: int | None = None,
+               time_limit: float = TIME_LIMIT) -> FastAPI:
+    """The app; `allowed_hosts`: Host names it answers besides localhost, 127.0.0.1 and ::1 (the bound address);
+    `workers` processes (default: the CPU count, 2 to 4) run the requests, each stopped past `time_limit` s."""
     app = FastAPI(title="memfit", summary="Will this LLM fine-tuning run fit in GPU and host memory?",
                   version="1", docs_url=None, redoc_url=None)  # the docs pages load their JS from a CDN
     app.add_middleware(BodyLimit, limit=max_body)
@@ -106,51 +65,51 @@ def create_app(max_body: int = MAX_BODY, allowed_hosts: tuple[str, ...] = ()) ->
     async def _http_error(request, e: HTTPException):
         return JSONResponse(error_body(str(e.detail)), status_code=e.status_code)
 
-    _routes(app)
+    @app.exception_handler(TimeLimit)
+    async def _time_limit(request, e: TimeLimit):
+        return JSONResponse(error_body(str(e)), status_code=503)
+
+    pool = Pool(workers or min(4, max(2, os.cpu_count() or 2)), time_limit)
+    app.router.on_startup.append(pool.warm)  # memfit serve answers its first request at once
+    app.router.on_shutdown.append(pool.close)
+    app.state.pool = pool
+    _routes(app, pool)
     return app
 
 
-def _routes(app: FastAPI) -> None:
-    from memfit.interfaces.render.html import estimate_body, estimate_page, plan_table
+# route -> (job in jobs.py / answer.py, request schema, response is HTML, summary)
+ROUTES = {
+    "/api/estimate": ("estimate", "estimate", False, "the document `memfit estimate --json` prints"),
+    "/api/answer": ("answer", "estimate", False, "the page's view of an estimate: the first line, the run, its "
+                                                 "defaults and warnings, next steps that fit as form fields, the charts"),
+    "/api/chart": ("chart", "estimate", True, "the estimate's verdict, bars and tables as an HTML fragment"),
+    "/api/report.html": ("report", "estimate", True, "the self-contained HTML report (`memfit estimate --html`)"),
+    "/api/plan": ("plan", "plan", False, "the document `memfit plan --json` prints"),
+    "/api/plan.html": ("plan_table", "plan", True, "the plan as the HTML report's table (`memfit plan --html`)"),
+    "/api/plan_view": ("plan_view", "plan", False, "the page's plan: heading, an HTML table with rows to apply, "
+                                                    "and the GPUs needed when nothing fits"),
+    "/api/import": ("import", "import", False, "the knobs memfit reads from a framework file sent as text"),
+    "/api/export": ("export", "export", False, "the run's knobs as a framework file (DeepSpeed JSON, LLaMA-Factory "
+                                               "YAML, ...)"),
+}
+
+
+def _routes(app: FastAPI, pool: Pool) -> None:
     from memfit.interfaces.serve.page import page
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def index():
         return page()
 
-    @app.post("/api/estimate", openapi_extra=request_body("estimate"),
-              summary="the document `memfit estimate --json` prints")
-    async def estimate_route(request: Request):
-        return await run_in_threadpool(_estimate_doc, await _json_body(request))
+    for path, (job, schema, html, summary) in ROUTES.items():
+        _route(app, pool, path, job, schema, html, summary)
 
-    @app.post("/api/chart", response_class=HTMLResponse, openapi_extra=request_body("estimate"),
-              summary="the estimate's verdict, bars and tables as an HTML fragment (the page's live view)")
-    async def chart_route(request: Request):
-        return await run_in_threadpool(lambda body: "\n".join(estimate_body(_estimate_doc(body))),
-                                       await _json_body(request))
 
-    @app.post("/api/report.html", response_class=HTMLResponse, openapi_extra=request_body("estimate"),
-              summary="the self-contained HTML report (`memfit estimate --html`)")
-    async def report_route(request: Request):
-        return await run_in_threadpool(lambda body: estimate_page(_estimate_doc(body)), await _json_body(request))
+def _route(app: FastAPI, pool: Pool, path: str, job: str, schema: str, html: bool, summary: str) -> None:
+    async def handler(request: Request):
+        body = await _json_body(request)  # parsed here: a malformed body never reaches a worker
+        answer = await run_in_threadpool(pool.run, job, body)
+        return HTMLResponse(answer) if html else Response(answer, media_type="application/json")
 
-    @app.post("/api/plan", openapi_extra=request_body("plan"),
-              summary="the document `memfit plan --json` prints")
-    async def plan_route(request: Request):
-        return await run_in_threadpool(_plan_doc, await _json_body(request))
-
-    @app.post("/api/plan.html", response_class=HTMLResponse, openapi_extra=request_body("plan"),
-              summary="the plan as an HTML table: each configuration that fits, its changes, savings and speed")
-    async def plan_table_route(request: Request):
-        return await run_in_threadpool(lambda body: plan_table(_plan_doc(body)), await _json_body(request))
-
-    @app.post("/api/import", openapi_extra=request_body("import"),
-              summary="the knobs memfit reads from a framework file sent as text")
-    async def import_route(request: Request):
-        return await run_in_threadpool(uploads.read_upload, await _json_body(request))
-
-    @app.post("/api/export", openapi_extra=request_body("export"),
-              summary="the run's knobs as a framework file (DeepSpeed JSON, LLaMA-Factory YAML, ...)")
-    async def export_route(request: Request):
-        return await run_in_threadpool(_export, await _json_body(request))
-
+    app.post(path, response_class=HTMLResponse if html else JSONResponse, openapi_extra=request_body(schema),
+             summary=summary, name=job)(handler)

@@ -230,7 +230,7 @@ def model_of(value, display=None):
     index = _catalog()
     found = index.get(_norm(name)) or index.get(_norm(name.split("/")[-1]))
     if found:
-        return found
+        return catalog.as_named(found, name)  # the id the user chose, not the base row's
     if hub.looks_like_hub_id(name):
         try:  # the catalog's own hub reader (catalog.find_model would first try the name as a local path)
             return catalog._hub_model(name)

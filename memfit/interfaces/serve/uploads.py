@@ -117,13 +117,17 @@ def _json(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def export(scenario, fmt) -> dict:
+FORMAT_NAMES = {"deepspeed": "a DeepSpeed JSON", "llamafactory": "a LLaMA-Factory YAML", "openrlhf": "an OpenRLHF command",
+                "accelerate": "an accelerate YAML", "hf": "an HF / TRL arguments YAML"}
+
+
+def export(scenario, fmt, **options) -> dict:
     """The scenario as fresh file(s) in `fmt` (formats.export_scenario): [{"name", "text"}]."""
     from memfit.interfaces.formats import FORMATS, export_scenario
 
     if fmt not in FORMATS or fmt == "launch":
         raise FieldError(f"format {shown(fmt)}: choose one of: {', '.join(f for f in FORMATS if f != 'launch')}",
                          "format")
-    files = export_scenario(scenario, fmt)
+    files = export_scenario(scenario, fmt, **options)
     return {"format": fmt, "files": [{"name": Path(f.path).name if f.path else FILE_NAMES[fmt], "text": f.new_text}
                                      for f in files]}
