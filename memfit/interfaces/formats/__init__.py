@@ -22,11 +22,13 @@ from memfit.facts.engines.deepspeed import overlap
 from memfit.facts.knobs import acts, knobs, said_by
 from memfit.interfaces.formats import accelerate, deepspeed, hf, launch, llamafactory, openrlhf, yamltext
 from memfit.interfaces.formats import axolotl_write
-from memfit.interfaces.formats import llamafactory_v1
+from memfit.interfaces.formats import llamafactory_v1, verl
+from memfit.interfaces.formats.verl_command import is_verl
 from memfit.interfaces.formats.base import ImportedConfig, WrittenFile, read_text
 
 MODULES = {"deepspeed": deepspeed, "llamafactory": llamafactory, "openrlhf": openrlhf, "accelerate": accelerate,
-           "hf": hf, "launch": launch, "axolotl": axolotl_write}  # axolotl_write: axolotl's reader and writers
+           "hf": hf, "launch": launch, "axolotl": axolotl_write,  # axolotl_write: axolotl's reader and writers
+           "verl": verl}
 FORMATS = tuple(MODULES)
 
 __all__ = ["FORMATS", "ImportedConfig", "WrittenFile", "detect_format", "diff", "export_scenario", "exportable",
@@ -43,6 +45,8 @@ def detect_format(text: str, name: str = "") -> str:
     if "openrlhf.cli." in text and (suffix in (".sh", ".txt", ".bash", "") or
                                      head.startswith(("deepspeed", "python", "torchrun", "set", "#", "read", "export"))):
         return "openrlhf"
+    if is_verl(text) and suffix in (".sh", ".txt", ".bash", ""):
+        return "verl"
     if suffix in (".sh", ".bash") or (suffix in (".txt", "") and _LAUNCH_LINE.search(text)):
         return "launch"
     if suffix == ".json" or head.startswith("{"):
@@ -138,6 +142,8 @@ def reread(imported: ImportedConfig, files: list[WrittenFile]) -> ImportedConfig
     main = files[0]
     gpus = imported.world.get("num_gpus")
     module = MODULES[imported.format]
+    if imported.format == "verl":  # the launch alone (a user YAML it names is read, never written)
+        return module.read(main.new_text, gpus=gpus, path=main.path)
     if imported.format in ("deepspeed", "openrlhf"):  # one file: nothing it names
         options = {"profile": imported.profile} if imported.format == "deepspeed" else {"version": imported.variant}
         return module.read(main.new_text, gpus=gpus, **options)

@@ -127,8 +127,9 @@ def _expand_arrays(text: str, arrays: dict) -> str:
     return _ARRAY_USE.sub(words, text)
 
 
-def substitute(text: str, variables: dict) -> str:
-    """$VAR, ${VAR} and ${VAR:-default} of the variables set so far, outside single quotes; others stay as typed."""
+def substitute(text: str, variables: dict, escape: bool = True) -> str:
+    """$VAR, ${VAR} and ${VAR:-default} of the variables set so far (a default's own $VARs too), outside single
+    quotes; others stay as typed. `escape`: quote the values for the shell words they land in."""
     if "$" not in text:
         return text
     out, i, double = [], 0, False
@@ -147,9 +148,12 @@ def substitute(text: str, variables: dict) -> str:
         m = _VAR.match(text, i) if c == "$" else None
         if m:
             name = m.group(1) or m.group(4)
-            value = variables.get(name, m.group(3) if m.group(2) is not None else None)
-            escape = '"\\$`' if double else "'\"\\"
-            out.append(m.group(0) if value is None else "".join("\\" + x if x in escape else x for x in value))
+            value = variables.get(name)
+            if m.group(2) is not None and (value is None or (value == "" and m.group(2).startswith(":"))):
+                # ${VAR:-x}: x when VAR is unset or empty; ${VAR-x}: only when unset
+                value = substitute(m.group(3), variables, escape=False)
+            special = ('"\\$`' if double else "'\"\\") if escape else ""
+            out.append(m.group(0) if value is None else "".join("\\" + x if x in special else x for x in value))
             i = m.end()
             continue
         double = not double if c == '"' else double
