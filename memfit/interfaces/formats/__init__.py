@@ -108,7 +108,10 @@ def read_config(path_or_text, *, format: str | None = None, gpus: int | None = N
     """Read a framework file. `gpus`: the total GPU count the run will use (for global-batch math and
     to check train_batch_size = micro x accumulation x GPUs). `options` go to the format's reader
     (e.g. profile= for a bare DeepSpeed JSON, version= for OpenRLHF)."""
-    text, path = read_text(path_or_text, "config")
+    if isinstance(path_or_text, str) and is_verl(path_or_text) and " " in path_or_text.strip():
+        text, path = path_or_text, None  # a verl command line, even on one line
+    else:
+        text, path = read_text(path_or_text, "config")
     fmt = format or detect_format(text, path.name if path else "")
     if fmt not in MODULES:
         raise MemfitError(f"unknown config format {fmt!r}; choose one of: {', '.join(FORMATS)}")

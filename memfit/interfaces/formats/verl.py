@@ -26,7 +26,7 @@ from pathlib import Path
 from memfit.interfaces.formats.base import ImportedConfig, bad, lora_targets, read_text, shown
 from memfit.interfaces.formats.not_modelled import caps, line
 from memfit.interfaces.formats.tables import table
-from memfit.interfaces.formats.verl_command import Launch, find_launch
+from memfit.interfaces.formats.verl_command import Launch, find_launch, is_verl
 from memfit.interfaces.formats.verl_overrides import MISSING, Config, parse_override
 
 FORMAT = PROFILE = "verl"
@@ -243,7 +243,10 @@ class Reader:
 
 
 def read(path_or_text, *, gpus: int | None = None, files: dict | None = None, path: Path | None = None) -> ImportedConfig:
-    text, source = read_text(path_or_text, "verl launch")
+    if isinstance(path_or_text, str) and is_verl(path_or_text):  # a command line, even on one line
+        text, source = path_or_text, None
+    else:
+        text, source = read_text(path_or_text, "verl launch")
     source = source or path
     where = str(source) if source else "verl launch"
     cwd = source.parent if source else Path.cwd()
