@@ -5,6 +5,7 @@ verl reader (verl.py) works from the table this module derives (tables/verl.json
 
     python -m memfit.interfaces.formats.verl_compose table            # the table: every key of ppo_trainer, raw
     python -m memfit.interfaces.formats.verl_compose compose K=V ...  # one launch's overrides, composed by Hydra
+    python -m memfit.interfaces.formats.verl_compose batch < runs.json  # several launches, one process
 
 `compose` prints the composed config flattened and resolved, and whether verl's own config dataclasses
 (verl.workers.config: FSDPActorConfig, FSDPCriticConfig, RolloutConfig ... through verl.utils.omega_conf_to_dataclass)
@@ -79,14 +80,27 @@ def composed(overrides: list[str], config_dir: str | None = None, config_name: s
         cfg = _compose(overrides, config_dir, config_name)
     except Exception as e:  # noqa: BLE001 - Hydra's refusal is the answer
         return {"error": f"{type(e).__name__}: {e}"}
-    leaves: dict = {}
-    _flatten(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False), "", leaves, [])
-    return {"config": leaves, "dataclasses": _dataclasses(cfg)}
+    raw: dict = {}
+    _flatten(OmegaConf.to_container(cfg, resolve=False), "", raw, [])
+    leaves, unresolved = {}, {}
+    for key in raw:  # one by one: an interpolation verl would fail on (a shell variable left as ${NAME}) is named
+        try:
+            value = OmegaConf.select(cfg, key, throw_on_missing=False)
+            leaves[key] = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+        except Exception as e:  # noqa: BLE001
+            unresolved[key] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+    return {"config": leaves, "unresolved": unresolved, "dataclasses": _dataclasses(cfg)}
 
 
 def main(argv: list[str]) -> None:
     if argv[:1] == ["table"]:
         print(json.dumps(table(), indent=1))
+        return
+    if argv[:1] == ["batch"]:  # several launches in one process: a JSON list of {"words", "options"} on stdin
+        runs = json.loads(sys.stdin.read())
+        out = [composed(r["words"], r.get("options", {}).get("config_path"), r.get("options", {}).get("config_name"))
+               for r in runs]
+        print("MEMFIT-RESULT " + json.dumps(out, default=str))
         return
     if argv[:1] == ["compose"]:
         words = argv[1:]
