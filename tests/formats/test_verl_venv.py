@@ -111,7 +111,7 @@ def test_every_rewritten_launch_is_accepted_by_verl_with_the_run_unchanged(compo
 
 
 def test_a_key_hydra_refuses_memfit_refuses(composed):
-    for (kind, name), ((path, text), result) in composed.items():
+    for (kind, name), ((_path, text), result) in composed.items():
         if kind != "bad":
             continue
         assert "error" in result, name
