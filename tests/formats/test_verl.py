@@ -171,3 +171,41 @@ def test_fit_rewrites_in_place_with_a_backup(tmp_path, capsys):
     assert backups and any(p.read_text() == original for p in backups)
     again = read_config(script)
     assert again.knobs["method"] == "grpo" and again.world["num_gpus"] == 8
+
+
+USER_YAML = f"""hydra:
+  searchpath:
+    - pkg://verl.trainer.config
+defaults:
+  - ppo_trainer
+  - _self_
+algorithm:
+  adv_estimator: grpo
+actor_rollout_ref:
+  actor:
+    ppo_micro_batch_size_per_gpu: 6
+    fsdp_config:
+      param_offload: true
+  rollout:
+    name: vllm
+    gpu_memory_utilization: 0.45
+data:
+  max_response_length: 2048
+"""
+
+
+def user_config_launch(folder: Path) -> str:
+    """A launch of a user's YAML built on ppo_trainer (verl's recipe layout), with one override on top."""
+    (folder / "my_grpo.yaml").write_text(USER_YAML)
+    return f"python3 -m verl.trainer.main_ppo --config-path {folder} --config-name my_grpo {A}rollout.n=4"
+
+
+def test_a_user_yaml_goes_under_the_overrides(tmp_path):
+    k = read_config(user_config_launch(tmp_path)).knobs
+    assert (k["method"], k["micro_batch"], k["param_offload"], k["vllm_gpu_memory_utilization"]) == ("grpo", 6, True, 0.45)
+    assert k["seq_len"] == 512 + 2048 and k["rollout_n"] == 4  # verl's default prompt length under the YAML's
+    with pytest.raises(MemfitError, match="absolute path"):
+        read_config("python3 -m verl.trainer.main_ppo --config-path my_configs --config-name my_grpo")
+    (tmp_path / "other.yaml").write_text("defaults:\n  - ppo_megatron_trainer\n")
+    with pytest.raises(MemfitError, match="built on ppo_trainer"):
+        read_config(f"python3 -m verl.trainer.main_ppo --config-path {tmp_path} --config-name other")

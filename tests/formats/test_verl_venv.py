@@ -67,6 +67,9 @@ def composed(verl_venv, tmp_path_factory):
     for label, word in bad.items():
         runs[("bad", label)] = (EXAMPLES / "inline.sh", base + word)
     runs[("force", "nnodes")] = (EXAMPLES / "inline.sh", base + "++trainer.nnodes=2")
+    from test_verl import user_config_launch
+
+    runs[("force", "user_yaml")] = (EXAMPLES / "inline.sh", user_config_launch(tmp_path_factory.mktemp("yaml")))
     results = validate_verl.compose_launches([_launch(p, t) for p, t in runs.values()])
     return {key: (runs[key], result) for key, result in zip(runs, results)}
 

@@ -51,8 +51,9 @@ def compose_launches(launches) -> list[dict]:
 
 
 def _options(launch) -> dict:
+    """--config-dir (from where the launch runs) or an absolute --config-path: the folder Hydra composes from."""
     options = dict(launch.options)
-    folder = options.pop("config_dir", None) or options.get("config_path")
+    folder = options.pop("config_dir", None)
     if folder:
         options["config_path"] = str((launch.cwd / folder).resolve())
     return options

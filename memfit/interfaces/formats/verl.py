@@ -52,13 +52,13 @@ def _user_yaml(cfg: Config, launch: Launch, where: str) -> None:
     from memfit.interfaces.formats.yamltext import yaml
 
     name = launch.options.get("config_name", facts_config())
-    folder = launch.options.get("config_path") or launch.options.get("config_dir")
+    folder = _config_folder(launch, where)
     if folder is None:
         if name != facts_config():
             raise bad(where, "--config-name", f"{name} of verl's own configs is not modelled; memfit reads "
                       f"{facts_config()} (FSDP) and YAMLs built on it")
         return
-    path = (launch.cwd / folder / (name if name.endswith(".yaml") else f"{name}.yaml")).resolve()
+    path = (folder / (name if name.endswith(".yaml") else f"{name}.yaml")).resolve()
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except OSError:
@@ -72,6 +72,21 @@ def _user_yaml(cfg: Config, launch: Launch, where: str) -> None:
     doc.pop("hydra", None)
     for key, value in _flat(doc, ""):
         cfg._put(key, value)
+
+
+def _config_folder(launch: Launch, where: str) -> Path | None:
+    """The folder of a user's config, as Hydra finds it: --config-dir relative to where the launch runs; an absolute
+    --config-path; a relative --config-path is relative to verl/trainer/ of the installed verl (Hydra resolves it
+    from main_ppo.py's folder), where `config` is verl's own. None: verl's own config folder."""
+    if launch.options.get("config_dir"):
+        return launch.cwd / launch.options["config_dir"]
+    folder = launch.options.get("config_path")
+    if folder is None or folder.rstrip("/") in ("config", "./config", "pkg://verl.trainer.config"):
+        return None
+    if not Path(folder).is_absolute():
+        raise bad(where, "--config-path", f"{folder}: Hydra reads a relative --config-path from verl/trainer/ of the "
+                  "installed verl; give the folder's absolute path (e.g. $(pwd)/" + folder + ") or --config-dir")
+    return Path(folder)
 
 
 def facts_config() -> str:
