@@ -173,7 +173,7 @@ def test_fit_rewrites_in_place_with_a_backup(tmp_path, capsys):
     assert again.knobs["method"] == "grpo" and again.world["num_gpus"] == 8
 
 
-USER_YAML = f"""hydra:
+USER_YAML = """hydra:
   searchpath:
     - pkg://verl.trainer.config
 defaults:
