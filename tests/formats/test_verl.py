@@ -209,3 +209,15 @@ def test_a_user_yaml_goes_under_the_overrides(tmp_path):
     (tmp_path / "other.yaml").write_text("defaults:\n  - ppo_megatron_trainer\n")
     with pytest.raises(MemfitError, match="built on ppo_trainer"):
         read_config(f"python3 -m verl.trainer.main_ppo --config-path {tmp_path} --config-name other")
+
+
+@pytest.mark.parametrize("word", ["data.max_prompt_length=null", f"{A}rollout.tensor_model_parallel_size=0",
+                                  f"{A}rollout.tensor_model_parallel_size=3", "trainer.n_gpus_per_node=abc",
+                                  f"{A}rollout.n=0", f"{A}actor.ppo_micro_batch_size_per_gpu=0",
+                                  f"{A}actor.ppo_micro_batch_size_per_gpu=null", "data.max_prompt_length=[1,2",
+                                  "trainer.nnodes=${trainer.nnodes}", f"{A}rollout.name=???",
+                                  f"{A}actor.ppo_micro_batch_size=64"])
+def test_bad_values_are_one_line_naming_the_key(word):
+    with pytest.raises(MemfitError) as e:
+        read_config(BASE + word)
+    assert "\n" not in str(e.value) and word.split("=")[0].split(".")[-1] in str(e.value)

@@ -5,7 +5,7 @@
     print(diff(files))                                      # unified diff of every file that changed
 
 Formats: DeepSpeed JSON, LLaMA-Factory YAML (+ the DeepSpeed JSON it names), OpenRLHF command
-lines (all flag styles), accelerate config YAML, axolotl YAML, HF TrainingArguments / TRL SFT and DPO configs
+lines (all flag styles), verl launches (`python3 -m verl.trainer.main_ppo key=value ...`, verl.py), accelerate config YAML, axolotl YAML, HF TrainingArguments / TRL SFT and DPO configs
 (JSON or YAML). Writers change only what changed, keep comments and key order, re-read their own
 output, and refuse (MemfitError) a knob the format cannot say. `validate.py` checks written files
 with the frameworks' own code. The core needs only PyYAML.

@@ -125,6 +125,15 @@ class Reader:
             raise bad(self.where, key, f"expected true or false, got {shown(value)}")
         return value
 
+    def need(self, key: str, kind, minimum: int | None = None):
+        """A value verl needs set (verl itself refuses the run without it), of `kind`, at least `minimum`."""
+        value = self.get(key, kind)
+        if value is None or value == MISSING:
+            raise bad(self.where, key, "not set: verl needs a value here")
+        if minimum is not None and value < minimum:
+            raise bad(self.where, key, f"must be at least {minimum}, got {shown(value)}")
+        return value
+
     def unread(self, key: str, errs: str, does: str, memfit: str) -> None:
         self.unmodelled.append((line(self.where, key, self.cfg.get(key), {"does": does, "memfit": memfit}), errs))
 
@@ -202,12 +211,12 @@ class Reader:
 
     def _lengths(self) -> None:
         k, g = self.knobs, self.get
-        prompt, response = g("data.max_prompt_length", int), g("data.max_response_length", int)
+        prompt, response = self.need("data.max_prompt_length", int, 1), self.need("data.max_response_length", int, 1)
         k["response_len"] = response
         k["seq_len"] = prompt + response
         self.assumed.append(f"sequence {k['seq_len']} = data.max_prompt_length {prompt} + data.max_response_length "
                             f"{response} (verl pads prompts and responses to these)")
-        k["rollout_n"] = g(A + "rollout.n", int)
+        k["rollout_n"] = self.need(A + "rollout.n", int, 1)
 
     def _batches(self) -> None:
         from memfit.interfaces.formats.verl_batches import batches
@@ -221,17 +230,14 @@ class Reader:
             raise bad(self.where, A + "rollout.name", "verl requires it (vllm or sglang): the launch does not set it")
         if name not in ROLLOUTS:
             self.unread(A + "rollout.name", "either", f"the {name} rollout engine", "vLLM's memory")
-        k["vllm_tp"] = g(A + "rollout.tensor_model_parallel_size", int)
-        k["vllm_gpu_memory_utilization"] = float(g(A + "rollout.gpu_memory_utilization", float))
+        k["vllm_tp"] = self.need(A + "rollout.tensor_model_parallel_size", int, 1)
+        k["vllm_gpu_memory_utilization"] = float(self.need(A + "rollout.gpu_memory_utilization", float))
         k["vllm_sleep"] = bool(g(A + "rollout.free_cache_engine", bool))
         k["colocate"] = "all"
 
     def _world(self) -> dict:
         k, g = self.knobs, self.get
-        per_node, nodes = g("trainer.n_gpus_per_node", int), g("trainer.nnodes", int)
-        if not per_node or per_node < 1 or not nodes or nodes < 1:
-            raise bad(self.where, "trainer.n_gpus_per_node", f"verl needs at least one GPU on one node, got "
-                      f"{per_node} x {nodes}")
+        per_node, nodes = self.need("trainer.n_gpus_per_node", int, 1), self.need("trainer.nnodes", int, 1)
         gpus = per_node * nodes
         if gpus % k["vllm_tp"]:
             raise bad(self.where, A + "rollout.tensor_model_parallel_size", f"{k['vllm_tp']} does not divide the "

@@ -14,7 +14,7 @@ A = "actor_rollout_ref."
 
 
 def _ranks(r) -> int:
-    gpus = r.get("trainer.n_gpus_per_node", int) * r.get("trainer.nnodes", int)
+    gpus = r.need("trainer.n_gpus_per_node", int, 1) * r.need("trainer.nnodes", int, 1)
     sp = r.get(A + "actor.ulysses_sequence_parallel_size", int) or 1
     return max(1, gpus // sp)
 
@@ -27,10 +27,10 @@ def batches(r) -> None:
     """micro_batch, grad_accum, rollout_micro_batch and the token budgets onto r.knobs (r: verl.Reader)."""
     k, g = r.knobs, r.get
     ranks, seq = _ranks(r), k["seq_len"]
-    mini = g(A + "actor.ppo_mini_batch_size", int) * k["rollout_n"]
+    mini = r.need(A + "actor.ppo_mini_batch_size", int, 1) * k["rollout_n"]
     mini_per_gpu = max(1, mini // ranks)
     k["dynamic_bsz"] = bool(g(A + "actor.use_dynamic_bsz", bool))
-    k["ppo_max_token_len"] = g(A + "actor.ppo_max_token_len_per_gpu", int)
+    k["ppo_max_token_len"] = r.need(A + "actor.ppo_max_token_len_per_gpu", int, 1)
     if k["dynamic_bsz"]:
         k["micro_batch"] = min(_rows(k["ppo_max_token_len"], seq), mini_per_gpu)  # no more than a GPU's rows
         r.assumed.append(f"{A}actor.use_dynamic_bsz: {k['ppo_max_token_len']} tokens per GPU per micro-batch, read "
@@ -38,7 +38,7 @@ def batches(r) -> None:
     else:
         k["micro_batch"] = _micro(r, A + "actor.ppo_micro_batch_size", ranks)
     k["grad_accum"] = max(1, -(-mini_per_gpu // k["micro_batch"]))
-    batch_per_gpu = max(1, g("data.train_batch_size", int) * k["rollout_n"] // ranks)
+    batch_per_gpu = max(1, r.need("data.train_batch_size", int, 1) * k["rollout_n"] // ranks)
     _log_prob(r, ranks, seq, batch_per_gpu)
 
 
@@ -48,8 +48,12 @@ def _micro(r, key: str, ranks: int) -> int:
     if per_gpu is not None and whole is not None:
         raise bad(r.where, key, f"both {key} and {key}_per_gpu are set; verl refuses both (keep _per_gpu)")
     if per_gpu is not None:
+        if per_gpu < 1:
+            raise bad(r.where, key + "_per_gpu", f"must be at least 1, got {per_gpu}")
         return per_gpu
     if whole is not None:
+        if whole < 1:
+            raise bad(r.where, key, f"must be at least 1, got {whole}")
         r.assumed.append(f"{key} {whole} (deprecated, global) = {max(1, whole // ranks)} per GPU over {ranks} ranks")
         return max(1, whole // ranks)
     raise bad(r.where, key + "_per_gpu", "not set, and use_dynamic_bsz is off: verl refuses the run (set "
@@ -62,7 +66,7 @@ def _log_prob(r, ranks: int, seq: int, batch_per_gpu: int) -> None:
     rows, budgets = [], []
     for role in ("rollout", "ref"):
         if g(f"{A}{role}.log_prob_use_dynamic_bsz", bool):
-            budget = g(f"{A}{role}.log_prob_max_token_len_per_gpu", int)
+            budget = r.need(f"{A}{role}.log_prob_max_token_len_per_gpu", int, 1)
             budgets.append(budget)
             rows.append(min(_rows(budget, seq), batch_per_gpu))
         elif g(f"{A}{role}.log_prob_micro_batch_size_per_gpu", int) is not None or \
