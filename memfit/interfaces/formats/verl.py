@@ -210,7 +210,7 @@ class Reader:
             k["lora_targets"] = lora_targets(self.where, A + "model.target_modules", g(A + "model.target_modules"))
 
     def _lengths(self) -> None:
-        k, g = self.knobs, self.get
+        k = self.knobs
         prompt, response = self.need("data.max_prompt_length", int, 1), self.need("data.max_response_length", int, 1)
         k["response_len"] = response
         k["seq_len"] = prompt + response
@@ -236,7 +236,7 @@ class Reader:
         k["colocate"] = "all"
 
     def _world(self) -> dict:
-        k, g = self.knobs, self.get
+        k = self.knobs
         per_node, nodes = self.need("trainer.n_gpus_per_node", int, 1), self.need("trainer.nnodes", int, 1)
         gpus = per_node * nodes
         if gpus % k["vllm_tp"]:
