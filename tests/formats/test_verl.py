@@ -221,3 +221,14 @@ def test_bad_values_are_one_line_naming_the_key(word):
     with pytest.raises(MemfitError) as e:
         read_config(BASE + word)
     assert "\n" not in str(e.value) and word.split("=")[0].split(".")[-1] in str(e.value)
+
+
+def test_the_knob_table_documents_the_keys_the_writer_edits():
+    from memfit.facts.knobs import knobs
+    from memfit.interfaces.formats.verl_write import SWITCHES, VALUES
+
+    says = {name: k.says.get("verl", "") for name, k in knobs().items()}
+    for knob, keys in {**SWITCHES, **VALUES}.items():
+        assert all(key in says[knob] for key in keys), knob
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu" in says["micro_batch"]
+    assert "actor_rollout_ref.model.enable_gradient_checkpointing" in says["checkpointing"]
