@@ -232,3 +232,16 @@ def test_the_knob_table_documents_the_keys_the_writer_edits():
         assert all(key in says[knob] for key in keys), knob
     assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu" in says["micro_batch"]
     assert "actor_rollout_ref.model.enable_gradient_checkpointing" in says["checkpointing"]
+
+
+def test_the_critic_runs_on_the_actors_micro_batch():
+    """memfit runs the critic on the actor's micro-batch: a larger critic micro-batch is named and caps the verdict,
+    and a fit that halves the actor's halves the critic's with it."""
+    ppo = BASE.replace("adv_estimator=grpo", "adv_estimator=gae") + "critic.model.path=Qwen/Qwen2.5-7B-Instruct "
+    bigger = read_config(ppo + "critic.ppo_micro_batch_size_per_gpu=8")
+    assert any("critic's micro-batch of 8 rows" in u for u in bigger.unread)
+    same = read_config(ppo + "critic.ppo_micro_batch_size_per_gpu=4")
+    assert not same.unread and same.knobs["method"] == "ppo"
+    text = write_config_files(same, {**same.knobs, "micro_batch": 2, "grad_accum": same.knobs["grad_accum"] * 2})[0]
+    assert "critic.ppo_micro_batch_size_per_gpu=2" in text.new_text and not read_config(text.new_text).unread
+    assert read_config(ppo + "critic.ppo_micro_batch_size=32").knobs["micro_batch"] == 4  # 32 over 8 GPUs

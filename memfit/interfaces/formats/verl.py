@@ -135,7 +135,8 @@ class Reader:
         return value
 
     def unread(self, key: str, errs: str, does: str, memfit: str) -> None:
-        self.unmodelled.append((line(self.where, key, self.cfg.get(key), {"does": does, "memfit": memfit}), errs))
+        value = self.cfg.get(key) if self.cfg.has(key) else None
+        self.unmodelled.append((line(self.where, key, value, {"does": does, "memfit": memfit}), errs))
 
     def read(self) -> tuple[dict, dict]:
         self._engine()

@@ -38,6 +38,8 @@ def batches(r) -> None:
     else:
         k["micro_batch"] = _micro(r, A + "actor.ppo_micro_batch_size", ranks)
     k["grad_accum"] = max(1, -(-mini_per_gpu // k["micro_batch"]))
+    if k["method"] == "ppo":
+        _critic(r, ranks, seq)
     batch_per_gpu = max(1, r.need("data.train_batch_size", int, 1) * k["rollout_n"] // ranks)
     _log_prob(r, ranks, seq, batch_per_gpu)
 
@@ -78,3 +80,25 @@ def _log_prob(r, ranks: int, seq: int, batch_per_gpu: int) -> None:
         rows = [k["micro_batch"]]
         r.assumed.append("log-prob micro-batch: none set, read as the update's micro-batch")
     k["rollout_micro_batch"] = max(rows)
+
+
+def critic_rows(r, ranks: int, seq: int) -> int:
+    """The critic's micro-batch in rows (its own keys: critic.ppo_micro_batch_size_per_gpu, or its token budget
+    under critic.use_dynamic_bsz, which follows the actor's switch by default)."""
+    mini = r.need("critic.ppo_mini_batch_size", int, 1) * r.knobs["rollout_n"]
+    if r.get("critic.use_dynamic_bsz", bool):
+        return min(_rows(r.need("critic.ppo_max_token_len_per_gpu", int, 1), seq), max(1, mini // ranks))
+    whole = r.get("critic.ppo_micro_batch_size", int)  # its _per_gpu interpolates it: the global one decides
+    if whole is not None:
+        return max(1, whole // ranks)
+    return r.need("critic.ppo_micro_batch_size_per_gpu", int, 1)
+
+
+def _critic(r, ranks: int, seq: int) -> None:
+    """memfit runs the critic on the actor's micro-batch: a larger one of its own is memory it leaves out."""
+    rows, actor = critic_rows(r, ranks, seq), r.knobs["micro_batch"]
+    if rows > actor:
+        r.unread("critic.ppo_micro_batch_size_per_gpu", "low", f"the critic's micro-batch of {rows} rows, more than "
+                 f"the actor's {actor}", "the critic on the actor's micro-batch: its activations TOO LOW")
+    elif rows < actor:
+        r.assumed.append(f"the critic's micro-batch ({rows} rows) read as the actor's {actor} (guess high)")

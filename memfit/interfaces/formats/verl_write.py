@@ -74,13 +74,20 @@ def edits_of(imported: ImportedConfig, changes: dict) -> dict[str, object]:
 
 
 def _micro_batch(imported: ImportedConfig, rows: int, seq: int) -> dict:
-    cfg = imported.doc[1]
-    if imported.knobs.get("dynamic_bsz"):  # the budget that reads back as `rows` whole rows
-        return {A + "actor.ppo_max_token_len_per_gpu": rows * seq}
-    if cfg.get(A + "actor.ppo_micro_batch_size") is not None:
-        raise cannot(imported, "micro_batch", rows, "the launch sets the deprecated global actor.ppo_micro_batch_size;"
-                     " state actor.ppo_micro_batch_size_per_gpu instead")
-    return {A + "actor.ppo_micro_batch_size_per_gpu": rows}
+    """The actor's micro-batch (its token budget under use_dynamic_bsz), and the critic's with it: memfit runs the
+    critic on the actor's micro-batch, so a critic left larger would be memory the plan does not count."""
+    cfg, out = imported.doc[1], {}
+    for role, switch in ((A + "actor", A + "actor.use_dynamic_bsz"), ("critic", "critic.use_dynamic_bsz")):
+        if role == "critic" and imported.knobs["method"] != "ppo":
+            continue
+        if cfg.get(switch):  # the budget that reads back as `rows` whole rows
+            out[f"{role}.ppo_max_token_len_per_gpu"] = rows * seq
+        elif cfg.get(f"{role}.ppo_micro_batch_size") is not None:
+            raise cannot(imported, "micro_batch", rows, f"the launch sets the deprecated global {role}."
+                         f"ppo_micro_batch_size; state {role}.ppo_micro_batch_size_per_gpu instead")
+        else:
+            out[f"{role}.ppo_micro_batch_size_per_gpu"] = rows
+    return out
 
 
 def _log_prob_batch(imported: ImportedConfig, rows: int) -> dict:
