@@ -26,8 +26,11 @@ from pathlib import Path
 from memfit.interfaces.formats.base import ImportedConfig, bad, lora_targets, read_text, shown
 from memfit.interfaces.formats.not_modelled import caps, line
 from memfit.interfaces.formats.tables import table
+from memfit.interfaces.formats.verl_batches import batches
 from memfit.interfaces.formats.verl_command import Launch, find_launch, is_verl
 from memfit.interfaces.formats.verl_overrides import MISSING, Config, parse_override
+from memfit.interfaces.formats.verl_write import write as write_launch
+from memfit.interfaces.formats.yamltext import yaml
 
 FORMAT = PROFILE = "verl"
 A = "actor_rollout_ref."
@@ -49,8 +52,6 @@ def config_of(launch: Launch, where: str) -> Config:
 def _user_yaml(cfg: Config, launch: Launch, where: str) -> None:
     """`--config-path DIR --config-name NAME`: a YAML built on ppo_trainer (its defaults list names it) whose keys
     go over verl's defaults, as Hydra merges a primary config after its defaults."""
-    from memfit.interfaces.formats.yamltext import yaml
-
     name = launch.options.get("config_name", facts_config())
     folder = _config_folder(launch, where)
     if folder is None:
@@ -220,8 +221,6 @@ class Reader:
         k["rollout_n"] = self.need(A + "rollout.n", int, 1)
 
     def _batches(self) -> None:
-        from memfit.interfaces.formats.verl_batches import batches
-
         batches(self)
 
     def _rollout(self) -> None:
@@ -291,6 +290,4 @@ def read(path_or_text, *, gpus: int | None = None, files: dict | None = None, pa
 
 
 def write(imported: ImportedConfig, knobs: dict) -> str:
-    from memfit.interfaces.formats.verl_write import write as write_launch
-
-    return write_launch(imported, knobs)
+    return write_launch(imported, knobs, read)

@@ -163,9 +163,8 @@ def edit_text(imported: ImportedConfig, edits: dict) -> str:
     return _insert(imported, text, missing) if missing else text
 
 
-def write(imported: ImportedConfig, knobs: dict) -> str:
-    from memfit.interfaces.formats.verl import read
-
+def write(imported: ImportedConfig, knobs: dict, read) -> str:
+    """The launch's new text; `read` (verl.read) reads it back."""
     changes = changed_knobs(imported, knobs)
     changes = {k: v for k, v in changes.items() if not (k not in imported.knobs and v is None)}
     edits = edits_of(imported, changes)
