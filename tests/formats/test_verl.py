@@ -245,3 +245,11 @@ def test_the_critic_runs_on_the_actors_micro_batch():
     text = write_config_files(same, {**same.knobs, "micro_batch": 2, "grad_accum": same.knobs["grad_accum"] * 2})[0]
     assert "critic.ppo_micro_batch_size_per_gpu=2" in text.new_text and not read_config(text.new_text).unread
     assert read_config(ppo + "critic.ppo_micro_batch_size=32").knobs["micro_batch"] == 4  # 32 over 8 GPUs
+
+
+def test_gpus_given_on_the_command_line_place_every_role(capsys):
+    imported = read_config(EXAMPLES / "run_qwen2-7b.sh", gpus=4)
+    assert imported.world["num_gpus"] == 4 and dict(imported.knobs["role_gpus"]) == {"actor": 4, "ref": 4}
+    assert imported.knobs["vllm_engines"] == 2 and any("estimated on the 4 given" in w for w in imported.warnings)
+    assert main(["estimate", "--from", str(EXAMPLES / "run_qwen2-7b.sh"), "--gpu", "h100", "--gpus", "4"]) == 0
+    assert "on 4 x" in capsys.readouterr().out

@@ -139,7 +139,8 @@ class Reader:
         value = self.cfg.get(key) if self.cfg.has(key) else None
         self.unmodelled.append((line(self.where, key, value, {"does": does, "memfit": memfit}), errs))
 
-    def read(self) -> tuple[dict, dict]:
+    def read(self, gpus: int | None = None) -> tuple[dict, dict]:
+        """The knobs and the world; `gpus`: the GPU count the run is estimated on, when not the launch's."""
         self._engine()
         self._roles()
         self._tuning()
@@ -147,7 +148,7 @@ class Reader:
         self._batches()
         self._rollout()
         self._not_modelled()
-        return self.knobs, self._world()
+        return self.knobs, self._world(gpus)
 
     def _engine(self) -> None:
         k, g = self.knobs, self.get
@@ -235,10 +236,15 @@ class Reader:
         k["vllm_sleep"] = bool(g(A + "rollout.free_cache_engine", bool))
         k["colocate"] = "all"
 
-    def _world(self) -> dict:
+    def _world(self, given: int | None) -> dict:
         k = self.knobs
         per_node, nodes = self.need("trainer.n_gpus_per_node", int, 1), self.need("trainer.nnodes", int, 1)
         gpus = per_node * nodes
+        world = {"num_gpus": gpus, "nodes": nodes}
+        if given is not None and given != gpus:
+            self.warnings.append(f"{self.where}: trainer.n_gpus_per_node x trainer.nnodes = {gpus} GPUs; the run "
+                                 f"is estimated on the {given} given")
+            gpus, world = given, {"num_gpus": given}
         if gpus % k["vllm_tp"]:
             raise bad(self.where, A + "rollout.tensor_model_parallel_size", f"{k['vllm_tp']} does not divide the "
                       f"{gpus} GPUs (verl makes one rollout engine per tensor-parallel group)")
@@ -246,9 +252,9 @@ class Reader:
         roles = ["actor"] + (["ref"] if k["init_kl_coef"] > 0 else []) + (["critic"] if k["method"] == "ppo" else [])
         roles += [] if k["remote_reward"] else ["reward"]
         k["role_gpus"] = tuple((r, gpus) for r in roles)
-        self.assumed.insert(0, f"{gpus} GPUs ({nodes} x {per_node}) for {', '.join(roles)} and {k['vllm_engines']} "
-                            f"vLLM engine(s) x tp {k['vllm_tp']}, all colocated (verl's hybrid engine)")
-        return {"num_gpus": gpus, "nodes": nodes}
+        self.assumed.insert(0, f"{gpus} GPUs for {', '.join(roles)} and {k['vllm_engines']} vLLM engine(s) x tp "
+                            f"{k['vllm_tp']}, all colocated (verl's hybrid engine)")
+        return world
 
     def _not_modelled(self) -> None:
         entries = table("not_modelled")["verl"]
@@ -274,11 +280,7 @@ def read(path_or_text, *, gpus: int | None = None, files: dict | None = None, pa
     launch = find_launch(text, where, cwd)
     cfg = config_of(launch, where)
     reader = Reader(cfg, where)
-    knobs, world = reader.read()
-    if gpus is not None and gpus != world["num_gpus"]:
-        reader.warnings.append(f"{where}: trainer.n_gpus_per_node x trainer.nnodes = {world['num_gpus']} GPUs; "
-                               f"the run is estimated on the {gpus} given")
-        world = {"num_gpus": gpus}
+    knobs, world = reader.read(gpus)
     model = cfg.get(A + "model.path")
     unmodelled = reader.unmodelled
     assumed = [f"verl {table('verl')['version']} ppo_trainer config (tables/verl.json)", *reader.assumed]
