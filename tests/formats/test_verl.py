@@ -253,3 +253,14 @@ def test_gpus_given_on_the_command_line_place_every_role(capsys):
     assert imported.knobs["vllm_engines"] == 2 and any("estimated on the 4 given" in w for w in imported.warnings)
     assert main(["estimate", "--from", str(EXAMPLES / "run_qwen2-7b.sh"), "--gpu", "h100", "--gpus", "4"]) == 0
     assert "on 4 x" in capsys.readouterr().out
+
+
+def test_branches_of_the_script_are_named_as_read_in_order(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text('DEVICE=${DEVICE:-$(python3 -c "import torch_npu" && echo npu || echo gpu)}\n'
+                      'case "${DEVICE}" in\n  gpu)\n    TP=2\n    ;;\n  npu)\n    TP=4\n    ;;\nesac\n' + BASE +
+                      f"{A}rollout.tensor_model_parallel_size=$TP\n")
+    imported = read_config(script)
+    assert imported.knobs["vllm_tp"] == 4 and any("line 2: `case` branches are read in order" in w
+                                                  for w in imported.warnings)
+    assert not any("branches" in w for w in read_config(EXAMPLES / "run_qwen2-7b.sh").warnings)

@@ -4,6 +4,7 @@ arrays and "${ARRAY[@]}", comments), then Hydra's own command-line options (`--c
 `--config-name` / `-cn`) split from the overrides. The script's own arguments (`$@`) are read as none."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +16,7 @@ SCRIPT_FILE = "verl/trainer/main_ppo.py"
 _OPTIONS = {"--config-path": "config_path", "-cp": "config_path", "--config-name": "config_name",
             "-cn": "config_name", "--config-dir": "config_dir", "-cd": "config_dir"}
 _ARGUMENTS = ("$@", "$*", "${@}", "${*}")
+_BRANCH = re.compile(r"(?m)^[ \t]*(case|if|elif)\b")
 
 
 @dataclass
@@ -52,6 +54,12 @@ def find_launch(text: str, where: str, cwd: Path) -> Launch:
         raise bad(where, None, f"{len(found)} verl launches (lines {lines}); memfit reads one: keep one per script")
     command, start = found[0]
     launch = Launch([], command.line, command.cwd)
+    branches = _BRANCH.search(text[:text.find(MODULE)] if MODULE in text else text)
+    if branches:  # verl's examples pick GPU or NPU settings in `case "${DEVICE}"`: memfit runs no condition
+        line = text[:branches.start()].count("\n") + 1
+        launch.notes.append(f"{where}: line {line}: `{branches.group(1)}` branches are read in order, each assignment "
+                            "in them taken (memfit runs no condition): check the values above are the ones your "
+                            "machine's branch sets")
     words = command.argv[start:]
     i = 0
     while i < len(words):
