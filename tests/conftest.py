@@ -220,5 +220,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         path = Path(str(item.path)).resolve()
         where = path.relative_to(TESTS).as_posix() if TESTS in path.parents else None
+        if item.get_closest_marker("extras"):  # a module that says so: it needs a framework's own venv (verl's)
+            continue
         tier = "slow" if where in SLOW else "extras" if _item_needs(item) else "core"
         item.add_marker(getattr(pytest.mark, tier))

@@ -5,7 +5,7 @@
     print(diff(files))                                      # unified diff of every file that changed
 
 Formats: DeepSpeed JSON, LLaMA-Factory YAML (+ the DeepSpeed JSON it names), OpenRLHF command
-lines (all flag styles), accelerate config YAML, axolotl YAML, HF TrainingArguments / TRL SFT and DPO configs
+lines (all flag styles), verl launches (`python3 -m verl.trainer.main_ppo key=value ...`, verl.py), accelerate config YAML, axolotl YAML, HF TrainingArguments / TRL SFT and DPO configs
 (JSON or YAML). Writers change only what changed, keep comments and key order, re-read their own
 output, and refuse (MemfitError) a knob the format cannot say. `validate.py` checks written files
 with the frameworks' own code. The core needs only PyYAML.
@@ -22,11 +22,13 @@ from memfit.facts.engines.deepspeed import overlap
 from memfit.facts.knobs import acts, knobs, said_by
 from memfit.interfaces.formats import accelerate, deepspeed, hf, launch, llamafactory, openrlhf, yamltext
 from memfit.interfaces.formats import axolotl_write
-from memfit.interfaces.formats import llamafactory_v1
+from memfit.interfaces.formats import llamafactory_v1, verl
+from memfit.interfaces.formats.verl_command import is_verl
 from memfit.interfaces.formats.base import ImportedConfig, WrittenFile, read_text
 
 MODULES = {"deepspeed": deepspeed, "llamafactory": llamafactory, "openrlhf": openrlhf, "accelerate": accelerate,
-           "hf": hf, "launch": launch, "axolotl": axolotl_write}  # axolotl_write: axolotl's reader and writers
+           "hf": hf, "launch": launch, "axolotl": axolotl_write,  # axolotl_write: axolotl's reader and writers
+           "verl": verl}
 FORMATS = tuple(MODULES)
 
 __all__ = ["FORMATS", "ImportedConfig", "WrittenFile", "detect_format", "diff", "export_scenario", "exportable",
@@ -43,6 +45,8 @@ def detect_format(text: str, name: str = "") -> str:
     if "openrlhf.cli." in text and (suffix in (".sh", ".txt", ".bash", "") or
                                      head.startswith(("deepspeed", "python", "torchrun", "set", "#", "read", "export"))):
         return "openrlhf"
+    if is_verl(text) and suffix in (".sh", ".txt", ".bash", ""):
+        return "verl"
     if suffix in (".sh", ".bash") or (suffix in (".txt", "") and _LAUNCH_LINE.search(text)):
         return "launch"
     if suffix == ".json" or head.startswith("{"):
@@ -104,7 +108,10 @@ def read_config(path_or_text, *, format: str | None = None, gpus: int | None = N
     """Read a framework file. `gpus`: the total GPU count the run will use (for global-batch math and
     to check train_batch_size = micro x accumulation x GPUs). `options` go to the format's reader
     (e.g. profile= for a bare DeepSpeed JSON, version= for OpenRLHF)."""
-    text, path = read_text(path_or_text, "config")
+    if isinstance(path_or_text, str) and is_verl(path_or_text) and " " in path_or_text.strip():
+        text, path = path_or_text, None  # a verl command line, even on one line
+    else:
+        text, path = read_text(path_or_text, "config")
     fmt = format or detect_format(text, path.name if path else "")
     if fmt not in MODULES:
         raise MemfitError(f"unknown config format {fmt!r}; choose one of: {', '.join(FORMATS)}")
@@ -138,6 +145,8 @@ def reread(imported: ImportedConfig, files: list[WrittenFile]) -> ImportedConfig
     main = files[0]
     gpus = imported.world.get("num_gpus")
     module = MODULES[imported.format]
+    if imported.format == "verl":  # the launch alone (a user YAML it names is read, never written)
+        return module.read(main.new_text, gpus=gpus, path=main.path)
     if imported.format in ("deepspeed", "openrlhf"):  # one file: nothing it names
         options = {"profile": imported.profile} if imported.format == "deepspeed" else {"version": imported.variant}
         return module.read(main.new_text, gpus=gpus, **options)

@@ -206,6 +206,10 @@ def _target(target: str, args: list[str], text, path, cmd, label, gpus, readers,
         from memfit.interfaces.formats import openrlhf
 
         return [openrlhf.read(path if path else text, gpus=gpus)], []
+    if target == "verl.trainer.main_ppo" or target.endswith("verl/trainer/main_ppo.py"):
+        from memfit.interfaces.formats import verl
+
+        return [verl.read(path if path else text, gpus=gpus)], []
     if is_llamafactory(target, args, cmd.cwd):  # its flags are its YAML's keys (launch_llamafactory.py)
         return llamafactory_part(args, cmd.cwd, label, gpus, script=target)
     if module and target.startswith("trl.scripts."):

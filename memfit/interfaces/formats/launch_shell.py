@@ -127,8 +127,9 @@ def _expand_arrays(text: str, arrays: dict) -> str:
     return _ARRAY_USE.sub(words, text)
 
 
-def substitute(text: str, variables: dict) -> str:
-    """$VAR, ${VAR} and ${VAR:-default} of the variables set so far, outside single quotes; others stay as typed."""
+def substitute(text: str, variables: dict, escape: bool = True) -> str:
+    """$VAR, ${VAR} and ${VAR:-default} of the variables set so far (a default's own $VARs too), outside single
+    quotes; others stay as typed. `escape`: quote the values for the shell words they land in."""
     if "$" not in text:
         return text
     out, i, double = [], 0, False
@@ -146,16 +147,38 @@ def substitute(text: str, variables: dict) -> str:
             continue
         m = _VAR.match(text, i) if c == "$" else None
         if m:
-            name = m.group(1) or m.group(4)
-            value = variables.get(name, m.group(3) if m.group(2) is not None else None)
-            escape = '"\\$`' if double else "'\"\\"
-            out.append(m.group(0) if value is None else "".join("\\" + x if x in escape else x for x in value))
-            i = m.end()
+            name, op, default, end = _reference(text, m)
+            value = variables.get(name)
+            if op is not None and (value is None or (value == "" and op.startswith(":"))):
+                # ${VAR:-x}: x when VAR is unset or empty; ${VAR-x}: only when unset
+                value = substitute(default, variables, escape=False)
+            special = ('"\\$`' if double else "'\"\\") if escape else ""
+            if escape and not double and value is not None and "$(" in value:
+                special += " \t"  # a $(command) memfit cannot run stays one word, as in the assignment it sits in
+            out.append(text[i:end] if value is None else "".join("\\" + x if x in special else x for x in value))
+            i = end
             continue
         double = not double if c == '"' else double
         out.append(c)
         i += 1
     return "".join(out)
+
+
+def _reference(text: str, m: re.Match) -> tuple[str, str | None, str, int]:
+    """(name, `:-` / `-` / `:=` / `=` or None, default, end) of the $VAR / ${VAR...} at m; a default may hold
+    ${...} and $(...) of its own (`${NAME:-run_${MODEL}_$(date +%F)}`), matched to its closing brace."""
+    name = m.group(1) or m.group(4)
+    if m.group(2) is None:
+        return name, None, "", m.end()
+    start = m.start(3)
+    depth, i = 1, start
+    while i < len(text) and depth:
+        if text.startswith("${", i) or text.startswith("$(", i):
+            depth, i = depth + 1, i + 2
+            continue
+        depth -= text[i] in "})"
+        i += 1
+    return name, m.group(2), text[start:i - 1], i
 
 
 def _words(line: str, where: str, number: int) -> list[str]:
