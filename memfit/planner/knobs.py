@@ -197,6 +197,10 @@ class Builder:
             changes["checkpoint_every_n"] = EVERY_N
         if self.per_gpu % a.micro_batch == 0:
             changes["grad_accum"] = self.per_gpu // a.micro_batch
+        if b.dynamic_bsz and b.ppo_max_token_len and a.micro_batch != b.micro_batch:
+            # verl's use_dynamic_bsz packs a micro-batch up to its token budget: fewer rows is a smaller budget
+            # (what memfit/interfaces/formats/verl_write.py writes for the new micro-batch)
+            changes["ppo_max_token_len"] = a.micro_batch * b.seq_len
         return b.with_changes(**changes)
 
 

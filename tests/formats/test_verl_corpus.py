@@ -56,7 +56,10 @@ def fit_card(name: str) -> list[str]:
     """--gpu-mem where the launch as written does not fit and half its micro-batch (the same rows per step) does."""
     run = cards.from_file(str(HERE / name), gpu="h100")
     half = max(1, run.micro_batch // 2)
-    return cards.gpu_mem(cards.card(run, {"micro_batch": half, "grad_accum": run.grad_accum * run.micro_batch // half}))
+    change = {"micro_batch": half, "grad_accum": run.grad_accum * run.micro_batch // half}
+    if run.dynamic_bsz:  # the micro-batch is a token budget: half the rows is half the budget (as the planner halves it)
+        change["ppo_max_token_len"] = half * run.seq_len
+    return cards.gpu_mem(cards.card(run, change))
 
 
 def fit_into(name: str, folder: Path) -> Path:
