@@ -294,3 +294,12 @@ def file_unread(imported, host: bool) -> list[str]:
 def blank_arguments() -> dict:
     """Every scenario argument unset, so a file's own knobs (and its framework's defaults) decide."""
     return {name: None for name in (*inputs(), *hardware(), *knobs())}
+
+
+def add_length_arguments(p: argparse.ArgumentParser) -> None:
+    """--brief / --detail: how much of a long (several-model) output to print; the answer and the next steps always."""
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--brief", action="store_true",
+                        help="only the answer, a line per role (GPUs, peak GiB, when) and what to do next")
+    length.add_argument("--detail", action="store_true",
+                        help="everything: the summary first, then every table and assumption (the default)")

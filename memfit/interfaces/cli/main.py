@@ -8,7 +8,8 @@ import argparse
 import sys
 
 from memfit.errors import MemfitError
-from memfit.interfaces.cli.args import Parser, add_scenario_arguments, positive_int, scenario_from_args
+from memfit.interfaces.cli.args import Parser, add_length_arguments, add_scenario_arguments, positive_int, \
+    scenario_from_args
 
 
 def _cmd_estimate(a) -> int:
@@ -40,9 +41,10 @@ def _cmd_estimate(a) -> int:
     else:
         from memfit.interfaces.render.estimate import print_estimate, print_next_steps, print_speed
 
-        print_estimate(result)
-        print_speed(speed, result.scenario.world_size)
-        if lengths:
+        print_estimate(result, brief=a.brief)
+        if not a.brief:
+            print_speed(speed, result.scenario.world_size)
+        if lengths and not a.brief:
             print_lengths(lengths)
         print_next_steps(result, nxt)  # every output ends with what to do next
     return 0
@@ -163,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_scenario_arguments(est)
     est.add_argument("--json", action="store_true", help="print the documented JSON document instead of tables")
     est.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report (charts) to FILE")
+    add_length_arguments(est)
     from memfit.interfaces.lengths.cli import add_lengths_arguments
 
     add_lengths_arguments(est)

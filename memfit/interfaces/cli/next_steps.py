@@ -121,3 +121,20 @@ def _fit_command(a: argparse.Namespace) -> str:
         if value is not None:
             words += [shlex.quote(w) for w in flag_words(name, value)]
     return "memfit fit " + " ".join(words)
+
+
+def plan_next(a: argparse.Namespace, best) -> str:
+    """`memfit plan`'s last line: `memfit fit FILE --row 1` for a run read from one file, else the estimate command
+    with plan 1's changes as flags (a change that needs a code edit has no flag: it is named instead)."""
+    fit = _fit_command(a)
+    if fit:
+        return f"next: {fit} --row 1 writes plan 1 into a copy of the file (--row N for plan N)"
+    from memfit.facts.knobs import axes
+    from memfit.interfaces.formats import knobs_from_scenario
+
+    values = knobs_from_scenario(best.scenario)
+    fields = {k: values[k] for c in best.changes if not c.code_edit for k in axes()[c.knob] if k in values}
+    edits = [c.knob for c in best.changes if c.code_edit]
+    command = " ".join(["memfit estimate", *command_words(argparse.Namespace(**(vars(a) | fields)))])
+    return f"next: check plan 1 and launch it: {command}" + (
+        f" (plus its code edit of {', '.join(edits)}, above)" if edits else "")

@@ -9,7 +9,7 @@ import argparse
 import json
 
 from memfit.errors import MemfitError
-from memfit.interfaces.cli.args import add_scenario_arguments, positive_int, scenario_from_args
+from memfit.interfaces.cli.args import add_length_arguments, add_scenario_arguments, positive_int, scenario_from_args
 from memfit.interfaces.render.common import show, working
 from memfit.facts.profiles import beyond_positions
 from rich.markup import escape
@@ -36,6 +36,7 @@ def add_plan_command(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON document instead of tables")
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report (the plan table and the "
                                                   "start's charts) to FILE")
+    add_length_arguments(p)  # --brief: the answer, the table and the next step; --detail (default): all
     limits = p.add_mutually_exclusive_group()
     limits.add_argument("--max-seq", action="store_true",
                         help="instead of plans: the longest sequence that fits, everything else fixed (no --gpu: "
@@ -80,9 +81,13 @@ def run_plan(a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps(plan_json(start, rows, miss, options, searched), indent=2))
     else:
-        print_plan(start, rows, miss, allow, options)
+        print_plan(start, rows, miss, allow, options, brief=a.brief)
         if searched.cut_short:
             print(cut_short_words(searched))
+        if rows:
+            from memfit.interfaces.cli.next_steps import plan_next
+
+            print(plan_next(a, rows[0]))
     return 0
 
 
@@ -215,7 +220,7 @@ def _saving(change, host_known: bool) -> str:
 # ---------------------------------------------------------------- tables
 
 
-def print_plan(start, rows, miss, allow: set[str], options=None) -> None:
+def print_plan(start, rows, miss, allow: set[str], options=None, brief: bool = False) -> None:
     from rich.console import Console
 
     con = Console()
@@ -239,6 +244,9 @@ def print_plan(start, rows, miss, allow: set[str], options=None) -> None:
     _print_table(con, start, rows)
     for line in fill_words(start, rows):
         con.print(line)
+    if brief:
+        con.print("[dim]--brief: each plan's changes and what they save are left out (--detail shows them)[/]")
+        return
     for i, r in enumerate(rows, 1):
         lines = []
         for c in r.changes:
