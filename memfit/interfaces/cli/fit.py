@@ -29,6 +29,9 @@ def add_fit_command(sub) -> None:
                         "the tuning, the optimizer and the data of each step; it never changes the global batch "
                         "(micro-batch x accumulation x GPUs; see --global-batch) or the sequence length")
     p.add_argument("--global-batch", type=positive_int, help="keep this global batch (default: the file's)")
+    p.add_argument("--row", type=positive_int, metavar="N",
+                   help="write plan N of those `memfit plan --from FILE` shows (same machine, --allow and "
+                        "--global-batch), or say which key the file lacks for it; default: the fastest the file can say")
     p.add_argument("--out", default="memfit-fit", help="folder for the rewritten files (default ./memfit-fit; "
                                                         "a launch's files keep their layout under it)")
     p.add_argument("--in-place", action="store_true",
@@ -68,7 +71,7 @@ def run_fit(a: argparse.Namespace) -> int:
     options = Options(code_edits=not a.no_code_edits, resume=not a.no_resume)
     folder = None if a.in_place else Path(a.out)
     now = baseline(base, a.global_batch, options)
-    if now.verdict == "fits" and a.global_batch in (None, base.micro_batch * base.grad_accum * base.world_size):
+    if not a.row and now.verdict == "fits" and a.global_batch in (None, base.micro_batch * base.grad_accum * base.world_size):
         print(f"{imported.name}: fits ({gib(now.device_peak_bytes)} of {gib(base.hardware.gpu.memory_bytes)} GiB "
               f"per GPU): nothing to change, nothing written")
         _print_notes(notes, base)
@@ -93,14 +96,20 @@ def run_fit(a: argparse.Namespace) -> int:
     def keeps_the_step(files, row) -> None:
         """The files as written train on the plan's data per step (a writer that drops the accumulation it cannot
         hold, accelerate's deepspeed_config leaving for FSDP, would change the global batch): else refused."""
-        written, planned = _step_of(_written_run(imported, io.reread(files), row, given)), _step_of(row.scenario)
+        run = _written_run(imported, io.reread(files), row, given)
+        if a.row:  # the plan shown, exactly: a key the format lacks reads back as another value
+            _same_knobs(imported, run, row.scenario)
+        written, planned = _step_of(run), _step_of(row.scenario)
         if written != planned:
             raise MemfitError(f"{imported.name}: rewritten for this plan, the files would train on {written[0]} rows "
                               f"per step ({written[1]}, {written[2]} tokens), not the plan's {planned[0]} "
                               f"({planned[1]}, {planned[2]}): they cannot hold one of its settings")
 
-    best, files = _search(base, imported, allow, kept, a.global_batch, options, old, io, (says, keeps_the_step),
-                          refusals)
+    if a.row:
+        best, files = _shown_row(base, imported, allow, a.global_batch, options, a.row, (old, io, keeps_the_step))
+    else:
+        best, files = _search(base, imported, allow, kept, a.global_batch, options, old, io, (says, keeps_the_step),
+                              refusals)
     _check_written(imported, io.reread(files), best, options.resume, given)
     print(f"{imported.name}: {now.verdict} ({gib(now.device_peak_bytes)} GiB per GPU) -> "
           f"{best.verdict} ({gib(best.device_peak_bytes)} GiB, {best.tokens_per_second:,.0f} tokens/s)")
@@ -170,6 +179,28 @@ def _search(base, imported, allow, kept, global_batch, options, old, io, checks,
                       f"{base.hardware.gpus_per_node} x {base.hardware.gpu.name}{why}")
 
 
+PLAN_TOP = 5  # the rows `memfit plan` shows by default (its --top)
+
+
+def _shown_row(base, imported, allow, global_batch, options, n: int, writing):
+    """--row N: plan N as `memfit plan --from FILE` shows it (the same search, free of what the file can say),
+    written as it is; a plan the file cannot hold is one line naming what it lacks."""
+    from memfit.planner.plan import search_plans
+
+    old, io, keeps_the_step = writing
+    rows = search_plans(base, allow, global_batch, top_k=max(PLAN_TOP, n), options=options).rows
+    if n > len(rows):
+        raise MemfitError(f"--row {n}: memfit plan shows {len(rows)} plan(s) for {imported.name}; "
+                          + (f"choose 1 to {len(rows)}" if rows else "none fits (see `memfit plan`)"))
+    row = rows[n - 1]
+    try:
+        files = io.write(_file_changes(row, old, io.said))
+        keeps_the_step(files, row)
+    except MemfitError as e:
+        raise MemfitError(f"plan {n} cannot be written into {imported.name}: {e}") from None
+    return row, files
+
+
 def _check_written(imported, again, best, resume: bool, given: dict) -> None:
     """The files as they will be written, read back (`again`) and estimated (with the code edit beside them
     applied), must be the plan: a writer that drops a key or a path that resolves elsewhere shows up here, before
@@ -198,6 +229,21 @@ def _written_run(imported, again, row, given: dict):
         return build_scenario(s.model, s.hardware, again.knobs | edited | given, imported.profile)
     except MemfitError as e:
         raise MemfitError(f"{imported.name}: the rewritten file does not read back as a run: {e}") from None
+
+
+def _same_knobs(imported, written, planned) -> None:
+    """The files as written read back as every knob of the plan, or the first knob they lose is named: a plan
+    the format cannot hold (DeepSpeed's bf16 section keeps fp32 master weights: bf16-pure reads back as mixed)."""
+    from memfit.facts.knobs import inert_because
+    from memfit.interfaces.formats import knobs_from_scenario
+
+    want, got = knobs_from_scenario(planned), knobs_from_scenario(written)
+    lost = [k for k in want if got.get(k) != want[k] and inert_because(planned, k) is None]
+    if lost:
+        k = lost[0]
+        more = f" (and {len(lost) - 1} more: {', '.join(lost[1:])})" if len(lost) > 1 else ""
+        raise MemfitError(f"{imported.name}: {imported.format} cannot say {k}={want[k]!r} beside this plan's other "
+                          f"settings: written, it reads back as {k}={got.get(k)!r}{more}")
 
 
 def _step_of(s) -> tuple:
