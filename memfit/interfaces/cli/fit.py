@@ -40,6 +40,9 @@ def add_fit_command(sub) -> None:
     p.add_argument("--no-code-edits", action="store_true",
                    help="only plans the file can say (no edit of the framework's code, e.g. OpenRLHF pin_memory)")
     p.add_argument("--no-resume", action="store_true", help="judge host RAM without a resume from a checkpoint")
+    from memfit.interfaces.cli.fit_asked import add_asked_arguments
+
+    add_asked_arguments(p)  # --attn sdpa, --precision fp16-mixed, ...: written into the file
     p.set_defaults(run=run_fit)
 
 
@@ -48,6 +51,7 @@ AGREE = 0.02
 
 
 def run_fit(a: argparse.Namespace) -> int:
+    from memfit.interfaces.cli.fit_asked import asked_knobs, check_sayable, file_values
     from memfit.interfaces.cli.fit_files import fit_files
     from memfit.interfaces.formats import diff, knobs_from_scenario
     from memfit.interfaces.render.common import gib
@@ -56,7 +60,9 @@ def run_fit(a: argparse.Namespace) -> int:
 
     if bool(a.file) == bool(a.from_files):
         raise MemfitError("memfit fit takes one FILE or --from FILE (repeated), not both and not neither")
-    args = argparse.Namespace(**{**blank_arguments(), "model": a.model, "from_file": a.from_files or a.file,
+    asked = asked_knobs(a)
+    args = argparse.Namespace(**{**blank_arguments(), **{k: getattr(a, k) for k in asked}, "model": a.model, "profile": a.profile,
+                                 "from_file": a.from_files or a.file,
                                  **{f"{role}_model": getattr(a, f"{role}_model") for role in ROLES},
                                  "gpu": a.gpu,
                                  "gpu_mem": a.gpu_mem, "gpus_per_node": a.gpus_per_node, "nodes": a.nodes,
@@ -71,13 +77,14 @@ def run_fit(a: argparse.Namespace) -> int:
     options = Options(code_edits=not a.no_code_edits, resume=not a.no_resume)
     folder = None if a.in_place else Path(a.out)
     now = baseline(base, a.global_batch, options)
-    if not a.row and now.verdict == "fits" and a.global_batch in (None, base.micro_batch * base.grad_accum * base.world_size):
+    if not a.row and not asked and now.verdict == "fits" and a.global_batch in (None, base.micro_batch * base.grad_accum * base.world_size):
         print(f"{imported.name}: fits ({gib(now.device_peak_bytes)} of {gib(base.hardware.gpu.memory_bytes)} GiB "
               f"per GPU): nothing to change, nothing written")
         _print_notes(notes, base)
         return 0
-    old = knobs_from_scenario(base)
+    old = knobs_from_scenario(base) | file_values(imported, asked)  # an asked setting is a change to write
     io = fit_files(imported, a.from_files or [a.file], base.hardware.world_size, folder)
+    check_sayable(asked, io.said, imported)
     said = io.said
     refusals: dict[str, str] = {}
 
@@ -115,6 +122,8 @@ def run_fit(a: argparse.Namespace) -> int:
           f"{best.verdict} ({gib(best.device_peak_bytes)} GiB, {best.tokens_per_second:,.0f} tokens/s)")
     _print_notes(notes, base)
     _other_file_note(base, imported, allow, kept, a.global_batch, options, best)
+    for k, v in asked.items():
+        print(f"  {k}: {'unset' if old[k] is None else old[k]} -> {v}  (asked on the command line)")
     for c in best.changes:
         print(f"  {c.knob}: {c.before} -> {c.after}  {_effect(c)}{' (needed to fit)' if c.needed_to_fit else ''}"
               f"{' [CODE EDIT: no flag, see below]' if c.code_edit else ''}")
