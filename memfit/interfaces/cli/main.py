@@ -24,15 +24,16 @@ def _cmd_estimate(a) -> int:
     data = read_lengths(a.lengths, result.scenario.model) if a.lengths else None  # read once, for both below
     lengths = lengths_report(a, result.scenario, data)  # --lengths DATA: per-step, per-rank peaks (None without it)
     speed = speed_section(a, result.scenario, data)  # the step-time model's answer, beside the memory one
+    from memfit.interfaces.cli.next_steps import next_steps
+
+    nxt = next_steps(a, result)  # an OOM's cheapest changes that fit (re-read as flags), or the launch hint
     if a.html:  # the page as well as the usual output (render/html.py draws the --json document)
         from memfit.interfaces.render.html import estimate_page, write_page
         from memfit.planner.sweep import sweeps
 
         # plus the batch and sequence sweeps (the page's only numbers not in --json: estimates of nearby runs)
-        write_page(a.html, estimate_page(result.to_json() | {"sweep": sweeps(result.scenario)}))
-    from memfit.interfaces.cli.next_steps import next_steps
-
-    nxt = next_steps(a, result)  # an OOM's cheapest changes that fit (re-read as flags), or the launch hint
+        write_page(a.html, estimate_page(result.to_json() | {"sweep": sweeps(result.scenario)}
+                                         | {"next_steps": nxt.to_json(), "plan_command": nxt.plan_command}))
     if a.json:
         import json
 

@@ -123,12 +123,13 @@ def _fit_command(a: argparse.Namespace) -> str:
     return "memfit fit " + " ".join(words)
 
 
-def plan_next(a: argparse.Namespace, best) -> str:
+def plan_next(a: argparse.Namespace, best) -> tuple[str, str]:
     """`memfit plan`'s last line: `memfit fit FILE --row 1` for a run read from one file, else the estimate command
-    with plan 1's changes as flags (a change that needs a code edit has no flag: it is named instead)."""
+    with plan 1's changes as flags (a change that needs a code edit has no flag: it is named instead). The line, and
+    the command alone."""
     fit = _fit_command(a)
     if fit:
-        return f"next: {fit} --row 1 writes plan 1 into a copy of the file (--row N for plan N)"
+        return f"next: {fit} --row 1 writes plan 1 into a copy of the file (--row N for plan N)", f"{fit} --row 1"
     from memfit.facts.knobs import axes
     from memfit.interfaces.formats import knobs_from_scenario
 
@@ -137,4 +138,4 @@ def plan_next(a: argparse.Namespace, best) -> str:
     edits = [c.knob for c in best.changes if c.code_edit]
     command = " ".join(["memfit estimate", *command_words(argparse.Namespace(**(vars(a) | fields)))])
     return f"next: check plan 1 and launch it: {command}" + (
-        f" (plus its code edit of {', '.join(edits)}, above)" if edits else "")
+        f" (plus its code edit of {', '.join(edits)}, above)" if edits else ""), command

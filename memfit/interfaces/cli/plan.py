@@ -72,22 +72,23 @@ def run_plan(a: argparse.Namespace) -> int:
         start = baseline(base, a.global_batch, options)
         # a run with settings memfit could not read has no closest plan: every change of it stays "tight"
         miss = None if rows or base.unread else closest_miss(base, allow, a.global_batch, options)
+    from memfit.interfaces.cli.next_steps import plan_next
+
+    nxt, command = plan_next(a, rows[0]) if rows else (None, None)
+    doc = plan_json(start, rows, miss, options, searched) | {"next_command": command}
     if a.html:  # the plan document, and the estimate document of its start for the bars (render/html.py)
         from memfit.interfaces.render.html import plan_page, write_page
         from memfit.roles.estimate import estimate
 
-        write_page(a.html, plan_page(plan_json(start, rows, miss, options, searched),
-                                     estimate(start.scenario).to_json()))
+        write_page(a.html, plan_page(doc, estimate(start.scenario).to_json()))
     if a.json:
-        print(json.dumps(plan_json(start, rows, miss, options, searched), indent=2))
+        print(json.dumps(doc, indent=2))
     else:
         print_plan(start, rows, miss, allow, options, brief=a.brief)
         if searched.cut_short:
             print(cut_short_words(searched))
-        if rows:
-            from memfit.interfaces.cli.next_steps import plan_next
-
-            print(plan_next(a, rows[0]))
+        if nxt:
+            print(nxt)
     return 0
 
 
@@ -145,6 +146,7 @@ def plan_json(start, rows, miss, options=None, searched=None) -> dict:
         "not_read": list(s.unread),  # memory settings no reader read: no row of such a run is "fits"
         "warnings": beyond_positions(s),
         "note": "tokens/s come from memfit's step-time model (data/speed.toml); they rank, they do not promise",
+        "padded_fill": padded_fill(start, rows),
     } | ({"lengths": options.data.source} if options is not None and options.data else {}) | (
         {"search": searched.to_json()} if searched is not None else {})
 
@@ -295,17 +297,27 @@ def _kind(row) -> str:
 KIND_WORDS = {"offload": "optimizer offload", "offload_param": "parameter offload", "micro_batch": "micro-batch"}
 
 
-def fill_words(start, rows) -> list[str]:
-    """The padded fill the step-time model assumes (data/speed.toml padded_fill), named where a compared run's
-    tokens/s counts it: it alone can make micro-batch 4 -> 1 look 30% faster."""
+def padded_fill(start, rows) -> dict | None:
+    """The padded fill the step-time model assumes (data/speed.toml padded_fill) and the runs whose tokens/s count
+    it ("start", 1, 2, ...), or None when no compared run is padded."""
     from memfit.planner.speed import _padding_fill  # the one place the model decides a run is counted as padded
 
-    padded = [(name, f) for name, r in [("start", start)] + [(str(i), r) for i, r in enumerate(rows, 1)]
+    padded = [(name, f) for name, r in [("start", start)] + [(i, r) for i, r in enumerate(rows, 1)]
               if (f := _padding_fill(r.scenario)) < 1]
     if not padded:
+        return None
+    return {"fill": padded[0][1], "runs": [name for name, _ in padded], "source": "data/speed.toml padded_fill",
+            "without_it": "--padding packed or --micro-batch 1"}
+
+
+def fill_words(start, rows) -> list[str]:
+    """The padded fill, named where a compared run's tokens/s counts it: it alone can make micro-batch 4 -> 1 look
+    30% faster."""
+    fill = padded_fill(start, rows)
+    if fill is None:
         return []
-    fill = padded[0][1]
-    which = ", ".join(name if name == "start" else f"#{name}" for name, _ in padded)
+    which = ", ".join(name if name == "start" else f"#{name}" for name in fill["runs"])
+    fill = fill["fill"]
     return [f"[dim]padded fill: tokens/s assume {fill:.0%} of a padded micro-batch's positions are real tokens "
             f"(data/speed.toml padded_fill; {which}); one-row and packed batches count 100%: --padding packed "
             f"or --micro-batch 1 ranks without it[/]"]
