@@ -233,7 +233,11 @@ def scenario_and_file(a: argparse.Namespace, hw=None):
         model = model or imported.model_name
     if not model:
         raise MemfitError("say which model: a hub id or alias (see `memfit models`), or a file naming one with --from")
-    s = build_scenario(find_model(model), hw, given, profile or "hf-trainer", typed=typed,
+    from memfit.interfaces.cli.progress import progress
+
+    with progress(f"looking up {model} (the catalog, then the Hugging Face cache and hub)", a):
+        spec = find_model(model)
+    s = build_scenario(spec, hw, given, profile or "hf-trainer", typed=typed,
                        versions=framework_versions(getattr(a, "framework_version", None)))
     if imported is not None:
         unread = file_unread(imported, host=hw.host_ram is not None)

@@ -112,11 +112,14 @@ def run_fit(a: argparse.Namespace) -> int:
                               f"per step ({written[1]}, {written[2]} tokens), not the plan's {planned[0]} "
                               f"({planned[1]}, {planned[2]}): they cannot hold one of its settings")
 
-    if a.row:
-        best, files = _shown_row(base, imported, allow, a.global_batch, options, a.row, (old, io, keeps_the_step))
-    else:
-        best, files = _search(base, imported, allow, kept, a.global_batch, options, old, io, (says, keeps_the_step),
-                              refusals)
+    from memfit.interfaces.cli.progress import progress
+
+    with progress(f"searching plans {imported.name} can say"):
+        if a.row:
+            best, files = _shown_row(base, imported, allow, a.global_batch, options, a.row, (old, io, keeps_the_step))
+        else:
+            best, files = _search(base, imported, allow, kept, a.global_batch, options, old, io,
+                                  (says, keeps_the_step), refusals)
     _check_written(imported, io.reread(files), best, options.resume, given)
     print(f"{imported.name}: {now.verdict} ({gib(now.device_peak_bytes)} GiB per GPU) -> "
           f"{best.verdict} ({gib(best.device_peak_bytes)} GiB, {best.tokens_per_second:,.0f} tokens/s)")

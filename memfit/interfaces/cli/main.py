@@ -21,7 +21,10 @@ def _cmd_estimate(a) -> int:
     from memfit.interfaces.cli.run_cost import speed_section
 
     result = estimate(scenario_from_args(a))
-    data = read_lengths(a.lengths, result.scenario.model) if a.lengths else None  # read once, for both below
+    from memfit.interfaces.cli.progress import progress
+
+    with progress(f"reading the token lengths of {a.lengths}", a):
+        data = read_lengths(a.lengths, result.scenario.model) if a.lengths else None  # read once, for both below
     lengths = lengths_report(a, result.scenario, data)  # --lengths DATA: per-step, per-rank peaks (None without it)
     speed = speed_section(a, result.scenario, data)  # the step-time model's answer, beside the memory one
     from memfit.interfaces.cli.next_steps import next_steps
@@ -54,10 +57,10 @@ def _cmd_estimate(a) -> int:
 def _cmd_trace(a) -> int:
     from memfit.trace import render, run_trace, write_timeline
 
-    from memfit.interfaces.render.common import working
+    from memfit.interfaces.cli.progress import progress
 
     scenario = scenario_from_args(a)
-    with working(f"tracing {scenario.model.id}: the real modeling code on fake tensors"):
+    with progress(f"tracing {scenario.model.id}: the real modeling code on fake tensors", a):
         result = run_trace(scenario, steps=a.steps)
     if a.timeline:
         write_timeline(result, a.timeline)
@@ -95,10 +98,10 @@ def _cmd_trace(a) -> int:
 def _cmd_measure(a) -> int:
     from memfit.measure import render, run_measure
 
-    from memfit.interfaces.render.common import working
+    from memfit.interfaces.cli.progress import progress
 
     scenario = scenario_from_args(a)
-    with working(f"measuring {scenario.model.id}: the real engine on {scenario.world_size} rank(s)"):
+    with progress(f"measuring {scenario.model.id}: the real engine on {scenario.world_size} rank(s)", a):
         result = run_measure(scenario, steps=a.steps, model_dir=a.weights)
     if a.json:
         import json

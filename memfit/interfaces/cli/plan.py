@@ -10,7 +10,8 @@ import json
 
 from memfit.errors import MemfitError
 from memfit.interfaces.cli.args import add_length_arguments, add_scenario_arguments, positive_int, scenario_from_args
-from memfit.interfaces.render.common import show, working
+from memfit.interfaces.cli.progress import progress
+from memfit.interfaces.render.common import show
 from memfit.facts.profiles import beyond_positions
 from rich.markup import escape
 
@@ -64,9 +65,10 @@ def run_plan(a: argparse.Namespace) -> int:
     allow = {x.strip() for x in a.allow.split(",") if x.strip()}
     from memfit.interfaces.lengths.cli import plan_data
 
-    data = plan_data(a, base, a.global_batch)
+    with progress(f"reading the token lengths of {a.lengths}", a):
+        data = plan_data(a, base, a.global_batch)
     options = Options(code_edits=not a.no_code_edits, resume=not a.no_resume, data=data, budget=a.budget)
-    with working(f"searching configurations of {base.model.id} on {base.world_size} x {base.hardware.gpu.name}"):
+    with progress(f"searching configurations of {base.model.id} on {base.world_size} x {base.hardware.gpu.name}", a):
         searched = search_plans(base, allow, a.global_batch, top_k=a.top, options=options)
         rows = searched.rows
         start = baseline(base, a.global_batch, options)
@@ -111,7 +113,7 @@ def run_limits(a: argparse.Namespace) -> int:
     gpu_given = bool(a.gpu or a.gpu_mem)
     s = scenario_from_args(a if gpu_given else _on_stand_in_gpu(a))
     resume = not a.no_resume
-    with working(f"searching the largest {knob.replace('_', ' ')} that fits"):
+    with progress(f"searching the largest {knob.replace('_', ' ')} that fits", a):
         rows = [limit(s, knob, resume=resume)] if gpu_given else limits_per_gpu(s, knob, gpus(), resume)
     if a.json:
         print(json.dumps(limits_json(s, knob, rows, gpu_given, resume), indent=2))
