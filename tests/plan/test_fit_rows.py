@@ -90,3 +90,13 @@ def test_a_row_past_the_shown_ones_is_one_line_with_the_range(capsys):
     rc, _, err = _call(capsys, ["fit", path, *GPU, "--gpus", "7", "--row", str(n + 4)])
     assert rc == 2 and len(err.strip().splitlines()) == 1
     assert f"shows {n} plan(s)" in err and f"choose 1 to {n}" in err
+
+
+def test_fit_names_a_knob_the_written_file_reads_back_otherwise(tmp_path, capsys):
+    """Adding DeepSpeed to a bf16 HF config: DeepSpeed's bf16 keeps fp32 master weights, so the written file reads
+    back as bf16-mixed though the plan said bf16-pure; fit says so beside its numbers."""
+    path = str(EXAMPLES / "hf/sft_config.yaml")
+    rc, out, err = _call(capsys, ["fit", path, *GPU, "--out", str(tmp_path / "out")])
+    assert rc == 0, err
+    notes = [line for line in out.splitlines() if line.startswith("  note: hf cannot say")]
+    assert len(notes) == 1 and "precision='bf16-pure'" in notes[0] and "precision='bf16-mixed'" in notes[0]

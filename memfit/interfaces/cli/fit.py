@@ -124,6 +124,8 @@ def run_fit(a: argparse.Namespace) -> int:
     print(f"{imported.name}: {now.verdict} ({gib(now.device_peak_bytes)} GiB per GPU) -> "
           f"{best.verdict} ({gib(best.device_peak_bytes)} GiB, {best.tokens_per_second:,.0f} tokens/s)")
     _print_notes(notes, base)
+    if note := _read_back_note(imported, io.reread(files), best, given):
+        print(note)
     _other_file_note(base, imported, allow, kept, a.global_batch, options, best)
     for k, v in asked.items():
         print(f"  {k}: {'unset' if old[k] is None else old[k]} -> {v}  (asked on the command line)")
@@ -243,14 +245,30 @@ def _written_run(imported, again, row, given: dict):
         raise MemfitError(f"{imported.name}: the rewritten file does not read back as a run: {e}") from None
 
 
-def _same_knobs(imported, written, planned) -> None:
-    """The files as written read back as every knob of the plan, or the first knob they lose is named: a plan
-    the format cannot hold (DeepSpeed's bf16 section keeps fp32 master weights: bf16-pure reads back as mixed)."""
+def _lost_knobs(written, planned) -> tuple[list[str], dict, dict]:
+    """The knobs (that act in the plan) whose value the written files read back differently, and both values."""
     from memfit.facts.knobs import inert_because
     from memfit.interfaces.formats import knobs_from_scenario
 
     want, got = knobs_from_scenario(planned), knobs_from_scenario(written)
-    lost = [k for k in want if got.get(k) != want[k] and inert_because(planned, k) is None]
+    return [k for k in want if got.get(k) != want[k] and inert_because(planned, k) is None], want, got
+
+
+def _read_back_note(imported, again, best, given: dict) -> str:
+    """Where the files as written read back with another value of a knob than the plan (inside the agreement
+    `_check_written` allows): named, so the numbers above are not taken for the file's."""
+    lost, want, got = _lost_knobs(_written_run(imported, again, best, given), best.scenario)
+    if not lost:
+        return ""
+    return (f"  note: {imported.format} cannot say " + ", ".join(f"{k}={want[k]!r}" for k in lost) + "; written, the "
+            "file reads back as " + ", ".join(f"{k}={got.get(k)!r}" for k in lost) + f" (within {AGREE:.0%} of the "
+            "GPU of this plan's peak: `memfit estimate --from` the written file gives its own numbers)")
+
+
+def _same_knobs(imported, written, planned) -> None:
+    """The files as written read back as every knob of the plan, or the first knob they lose is named: a plan
+    the format cannot hold (DeepSpeed's bf16 section keeps fp32 master weights: bf16-pure reads back as mixed)."""
+    lost, want, got = _lost_knobs(written, planned)
     if lost:
         k = lost[0]
         more = f" (and {len(lost) - 1} more: {', '.join(lost[1:])})" if len(lost) > 1 else ""
