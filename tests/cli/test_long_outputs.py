@@ -86,8 +86,10 @@ def test_plan_brief_keeps_the_table_and_ends_with_a_command_that_is_plan_one(cap
     brief = _lines(capsys, [*PLAN, "--brief"])
     assert brief[0] == every[0] and brief[-1] == every[-1] and len(brief) < len(every)
     assert not any(line.lstrip().startswith("1. ") for line in brief)  # the numbered changes are detail
-    command = every[-1].split("launch it: ", 1)[1]
-    assert every[-1].startswith("next: ") and command.startswith("memfit estimate ")
+    last = next(i for i in range(len(every) - 1, -1, -1) if every[i].startswith("next: "))
+    assert all(line.endswith(" \\") for line in every[last:-1])  # a long command wraps as shell continuations
+    command = " ".join(line.removesuffix(" \\").strip() for line in every[last:]).split("launch it: ", 1)[1]
+    assert command == doc["next_command"] and command.startswith("memfit estimate ")
     again = _json(capsys, shlex.split(command)[1:])  # the next step, run: it is plan 1
     assert again["verdict"] == doc["rows"][0]["verdict"] == "fits"
     assert again["per_rank"]["device_total"]["peak_bytes"] == doc["rows"][0]["device_peak_bytes"]

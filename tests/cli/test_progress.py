@@ -37,13 +37,15 @@ def test_a_quick_step_a_pipe_and_json_print_nothing():
 
 PLAN = ["plan", "llama-2-7b", "--gpu", "a100-80gb", "--gpus", "8", "--profile", "openrlhf", "--method", "ppo",
         "--zero", "3", "--micro-batch", "4", "--seq", "2048", "--ckpt", "--colocate", "all", "--vllm-tp", "2",
-        "--vllm-mem", "0.5", "--top", "2"]  # a search of a few seconds
+        "--vllm-mem", "0.5", "--top", "2"]  # a search of about a second
 
 
 def _on_a_terminal(argv) -> tuple[str, str]:
     """The command with stderr on a pseudo-terminal and stdout on a pipe: (stdout, what the terminal got)."""
     leader, follower = pty.openpty()
-    code = "import sys; from memfit.interfaces.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    # a shorter delay than the second a user waits: the search is not slow enough on every machine to show it
+    code = ("import sys; import memfit.interfaces.cli.progress as p; p.DELAY_S = 0.05; "
+            "from memfit.interfaces.cli.main import main; sys.exit(main(sys.argv[1:]))")
     proc = subprocess.Popen([sys.executable, "-c", code, *argv], stdout=subprocess.PIPE, stderr=follower,
                             env=os.environ | {"COLUMNS": "200"})
     os.close(follower)

@@ -129,7 +129,7 @@ def plan_next(a: argparse.Namespace, best) -> tuple[str, str]:
     the command alone."""
     fit = _fit_command(a)
     if fit:
-        return f"next: {fit} --row 1 writes plan 1 into a copy of the file (--row N for plan N)", f"{fit} --row 1"
+        return f"next: write plan 1 into a copy of the file (--row N for plan N): {fit} --row 1", f"{fit} --row 1"
     from memfit.facts.knobs import axes
     from memfit.interfaces.formats import knobs_from_scenario
 
@@ -139,3 +139,21 @@ def plan_next(a: argparse.Namespace, best) -> tuple[str, str]:
     command = " ".join(["memfit estimate", *command_words(argparse.Namespace(**(vars(a) | fields)))])
     return f"next: check plan 1 and launch it: {command}" + (
         f" (plus its code edit of {', '.join(edits)}, above)" if edits else ""), command
+
+
+def shell_lines(line: str, width: int | None = None) -> str:
+    """A line holding a command, wrapped at the terminal's width with shell continuations (` \\`): each printed
+    line fits, and the lines pasted into a shell are still one command."""
+    import shutil
+
+    width = width or shutil.get_terminal_size().columns
+    import re
+
+    out, current = [], ""
+    for word in re.findall(r"(?:'[^']*'|[^\s'])+", line):  # a quoted word (shlex.quote) stays whole
+        if current and len(current) + 1 + len(word) + 2 > width:
+            out.append(current + " \\")
+            current = "  " + word
+        else:
+            current = f"{current} {word}" if current else word
+    return "\n".join(out + [current])

@@ -90,7 +90,9 @@ def run_plan(a: argparse.Namespace) -> int:
         if searched.cut_short:
             print(cut_short_words(searched))
         if nxt:
-            print(nxt)
+            from memfit.interfaces.cli.next_steps import shell_lines
+
+            print(shell_lines(nxt))
     return 0
 
 

@@ -17,8 +17,9 @@ class Progress:
     """`with Progress("searching ..."):` around a step that may be slow. `stream` (default sys.stderr at entry) is
     injectable for tests; `quiet` (the command's --json) turns it off."""
 
-    def __init__(self, message: str, stream=None, quiet: bool = False, delay: float = DELAY_S):
-        self.message, self.stream, self.quiet, self.delay = message, stream, quiet, delay
+    def __init__(self, message: str, stream=None, quiet: bool = False, delay: float | None = None):
+        self.message, self.stream, self.quiet = message, stream, quiet
+        self.delay = DELAY_S if delay is None else delay
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
         self._shown = False
