@@ -100,3 +100,22 @@ def test_fit_names_a_knob_the_written_file_reads_back_otherwise(tmp_path, capsys
     assert rc == 0, err
     notes = [line for line in out.splitlines() if line.startswith("  note: hf cannot say")]
     assert len(notes) == 1 and "precision='bf16-pure'" in notes[0] and "precision='bf16-mixed'" in notes[0]
+
+
+def test_fit_ends_with_a_next_step_that_runs(tmp_path, capsys, monkeypatch):
+    import shlex
+
+    monkeypatch.chdir(tmp_path)
+    path = str(EXAMPLES / "llamafactory/examples/train_lora/llama31_8b_lora_7x4090.yaml")
+    rc, out, err = _call(capsys, ["fit", path, "--gpu", "rtx4090", "--gpus", "7", "--out", "out"])
+    assert rc == 0, err
+    last = out.rstrip().splitlines()[-1]
+    assert last.startswith("next: launch it; its whole estimate: memfit estimate ")
+    rc, again, err = _call(capsys, [*shlex.split(last.split(": memfit ", 1)[1]), "--json"])
+    assert rc == 0, err
+    assert json.loads(again)["verdict"] == out.split(" -> ", 1)[1].split(" ")[0]  # the verdict fit promised
+    rc, out, err = _call(capsys, ["fit", path, "--gpu", "a100-40gb", "--gpus", "7"])  # fits: nothing written
+    last = out.rstrip().splitlines()[-1]
+    assert rc == 0 and last.startswith("next: launch it as it is; faster plans that fit: memfit plan ")
+    rc, _, err = _call(capsys, [*shlex.split(last.split(": memfit ", 1)[1]), "--top", "1", "--json"])
+    assert rc == 0, err

@@ -3,6 +3,7 @@ smallest change that reaches the best fitting plan, plus a diff and the reason f
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 from memfit.errors import MemfitError
@@ -81,6 +82,8 @@ def run_fit(a: argparse.Namespace) -> int:
         print(f"{imported.name}: fits ({gib(now.device_peak_bytes)} of {gib(base.hardware.gpu.memory_bytes)} GiB "
               f"per GPU): nothing to change, nothing written")
         _print_notes(notes, base)
+        print(f"next: launch it as it is; faster plans that fit: memfit plan {_machine_words(a)} --from "
+              + " --from ".join(map(shlex.quote, a.from_files or [a.file])))
         return 0
     old = knobs_from_scenario(base) | file_values(imported, asked)  # an asked setting is a change to write
     io = fit_files(imported, a.from_files or [a.file], base.hardware.world_size, folder)
@@ -151,7 +154,25 @@ def run_fit(a: argparse.Namespace) -> int:
         print(f"copied the launch's {len(copies)} unchanged file(s) beside them, in its layout")
     if edits:  # the code-edit file is the last one written
         print(f"\nNEEDS A CODE EDIT as well ({imported.format} has no flag for it):\n{text}{_wrote(written[-1])}")
+    if written:
+        print(_next_words(a, written[0].path))
     return 0
+
+
+def _next_words(a: argparse.Namespace, path) -> str:
+    """fit's last line: the estimate of the file as written (from the launch folder, where its paths resolve)."""
+    return f"next: launch it; its whole estimate: memfit estimate {_machine_words(a)} --from {shlex.quote(str(path))}"
+
+
+def _machine_words(a: argparse.Namespace) -> str:
+    """The model (when given) and the machine of this fit, as estimate / plan words."""
+    from memfit.facts.knobs import hardware
+    from memfit.interfaces.cli.next_steps import flag_words
+
+    words = [shlex.quote(a.model)] if a.model else []  # estimate's and plan's model is their first word
+    words += [shlex.quote(w) for name in hardware() if getattr(a, name, None) is not None
+              for w in flag_words(name, getattr(a, name))]
+    return " ".join(words)
 
 
 def _print_notes(notes: list[str], base) -> None:
