@@ -32,7 +32,8 @@ def _run(capsys, argv: list[str]) -> tuple[dict, str]:
 @pytest.mark.parametrize("argv", [FITS, OOM, TIGHT, PPO], ids=["fits", "oom", "tight", "ppo"])
 def test_the_first_line_is_the_verdict_against_the_card_and_the_band(capsys, argv):
     doc, out = _run(capsys, argv)
-    first = out.split(" meta-llama/")[0].split(" Qwen/")[0]  # up to the model's header line
+    # up to the several-model summary or the model's header line
+    first = out.split(" roles of ")[0].split(" meta-llama/")[0].split(" Qwen/")[0]
     word = {"fits": "FITS", "tight": "TIGHT", "oom": "OOM"}[doc["verdict"]]
     device = doc["per_rank"]["device_total"]
     assert first.startswith(f"{word}: {gib(device['peak_bytes'])} GiB per GPU of {gib(doc['gpu_memory_bytes'])} GiB")

@@ -86,3 +86,12 @@ def test_a_sequence_past_the_models_positions_warns_in_plan_and_fit(tmp_path, ca
     warnings = [line for line in out.splitlines() if "beyond the model's max_position_embeddings" in line]
     assert len(warnings) == 1 and warnings[0].startswith("  warning: sequence of 200,000 tokens")
     assert "fits" in out.splitlines()[0]  # the answer stays first
+
+
+def test_the_padded_fill_is_in_the_json_beside_the_ranking_it_moves(capsys):
+    doc = json.loads(run(QWEN + ["--json"], capsys)[0])
+    fill = doc["padded_fill"]
+    assert fill["fill"] == assumptions()["data"]["padded_fill"] and fill["source"] == "data/speed.toml padded_fill"
+    assert fill["runs"][0] == "start" and set(fill["runs"][1:]) <= set(range(1, len(doc["rows"]) + 1))
+    one = QWEN[:QWEN.index("--micro-batch")] + ["--micro-batch", "1"] + QWEN[QWEN.index("--micro-batch") + 2:]
+    assert json.loads(run(one + ["--json"], capsys)[0])["padded_fill"] is None  # nothing padded: nothing named

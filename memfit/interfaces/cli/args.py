@@ -233,7 +233,11 @@ def scenario_and_file(a: argparse.Namespace, hw=None):
         model = model or imported.model_name
     if not model:
         raise MemfitError("say which model: a hub id or alias (see `memfit models`), or a file naming one with --from")
-    s = build_scenario(find_model(model), hw, given, profile or "hf-trainer", typed=typed,
+    from memfit.interfaces.cli.progress import progress
+
+    with progress(f"looking up {model} (the catalog, then the Hugging Face cache and hub)", a):
+        spec = find_model(model)
+    s = build_scenario(spec, hw, given, profile or "hf-trainer", typed=typed,
                        versions=framework_versions(getattr(a, "framework_version", None)))
     if imported is not None:
         unread = file_unread(imported, host=hw.host_ram is not None)
@@ -294,3 +298,12 @@ def file_unread(imported, host: bool) -> list[str]:
 def blank_arguments() -> dict:
     """Every scenario argument unset, so a file's own knobs (and its framework's defaults) decide."""
     return {name: None for name in (*inputs(), *hardware(), *knobs())}
+
+
+def add_length_arguments(p: argparse.ArgumentParser) -> None:
+    """--brief / --detail: how much of a long (several-model) output to print; the answer and the next steps always."""
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--brief", action="store_true",
+                        help="only the answer, a line per role (GPUs, peak GiB, when) and what to do next")
+    length.add_argument("--detail", action="store_true",
+                        help="everything: the summary first, then every table and assumption (the default)")

@@ -27,11 +27,13 @@ HELP: dict[str, tuple[str | None, tuple[str, ...]]] = {
         "memfit plan llama3.1-8b --gpu rtx4090 --gpus 2 --tuning full --allow lora",
         "memfit plan llama3.1-8b --gpu rtx4090 --tuning lora --max-seq",
         "memfit plan --from train.yaml --gpu a100-80gb --gpus 8 --top 10 --json",
+        "memfit plan llama-2-7b --gpu a100-80gb --gpus 8 --method ppo --brief",
     )),
     "fit": ("FILE --gpu GPU [--gpus N] [--allow ...] [--out DIR|--in-place]", (
         "memfit fit llama3_lora_sft.yaml --gpu rtx4090 --gpus 2",
-        "memfit fit train.sh --gpu-mem 24GiB --allow qlora --out fixed",
         "memfit fit ds_config.json --model qwen2.5-7b --gpu h100 --gpus 8 --in-place",
+        "memfit fit train.yaml --gpu a100-40gb --gpus 4 --row 2 --out fixed",
+        "memfit fit train.yaml --gpu t4 --attn sdpa --precision fp16-mixed",
     )),
     "doctor": ("LOG [--from FILE] [--gpu GPU] [knobs...] [--json]", (
         "memfit doctor train.log",

@@ -3,6 +3,7 @@ smallest change that reaches the best fitting plan, plus a diff and the reason f
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 from memfit.errors import MemfitError
@@ -29,6 +30,9 @@ def add_fit_command(sub) -> None:
                         "the tuning, the optimizer and the data of each step; it never changes the global batch "
                         "(micro-batch x accumulation x GPUs; see --global-batch) or the sequence length")
     p.add_argument("--global-batch", type=positive_int, help="keep this global batch (default: the file's)")
+    p.add_argument("--row", type=positive_int, metavar="N",
+                   help="write plan N of those `memfit plan --from FILE` shows (same machine, --allow and "
+                        "--global-batch), or say which key the file lacks for it; default: the fastest the file can say")
     p.add_argument("--out", default="memfit-fit", help="folder for the rewritten files (default ./memfit-fit; "
                                                         "a launch's files keep their layout under it)")
     p.add_argument("--in-place", action="store_true",
@@ -37,6 +41,9 @@ def add_fit_command(sub) -> None:
     p.add_argument("--no-code-edits", action="store_true",
                    help="only plans the file can say (no edit of the framework's code, e.g. OpenRLHF pin_memory)")
     p.add_argument("--no-resume", action="store_true", help="judge host RAM without a resume from a checkpoint")
+    from memfit.interfaces.cli.fit_asked import add_asked_arguments
+
+    add_asked_arguments(p)  # --attn sdpa, --precision fp16-mixed, ...: written into the file
     p.set_defaults(run=run_fit)
 
 
@@ -45,6 +52,7 @@ AGREE = 0.02
 
 
 def run_fit(a: argparse.Namespace) -> int:
+    from memfit.interfaces.cli.fit_asked import asked_knobs, check_sayable, file_values
     from memfit.interfaces.cli.fit_files import fit_files
     from memfit.interfaces.formats import diff, knobs_from_scenario
     from memfit.interfaces.render.common import gib
@@ -53,7 +61,9 @@ def run_fit(a: argparse.Namespace) -> int:
 
     if bool(a.file) == bool(a.from_files):
         raise MemfitError("memfit fit takes one FILE or --from FILE (repeated), not both and not neither")
-    args = argparse.Namespace(**{**blank_arguments(), "model": a.model, "from_file": a.from_files or a.file,
+    asked = asked_knobs(a)
+    args = argparse.Namespace(**{**blank_arguments(), **{k: getattr(a, k) for k in asked}, "model": a.model, "profile": a.profile,
+                                 "from_file": a.from_files or a.file,
                                  **{f"{role}_model": getattr(a, f"{role}_model") for role in ROLES},
                                  "gpu": a.gpu,
                                  "gpu_mem": a.gpu_mem, "gpus_per_node": a.gpus_per_node, "nodes": a.nodes,
@@ -68,13 +78,16 @@ def run_fit(a: argparse.Namespace) -> int:
     options = Options(code_edits=not a.no_code_edits, resume=not a.no_resume)
     folder = None if a.in_place else Path(a.out)
     now = baseline(base, a.global_batch, options)
-    if now.verdict == "fits" and a.global_batch in (None, base.micro_batch * base.grad_accum * base.world_size):
+    if not a.row and not asked and now.verdict == "fits" and a.global_batch in (None, base.micro_batch * base.grad_accum * base.world_size):
         print(f"{imported.name}: fits ({gib(now.device_peak_bytes)} of {gib(base.hardware.gpu.memory_bytes)} GiB "
               f"per GPU): nothing to change, nothing written")
         _print_notes(notes, base)
+        print(f"next: launch it as it is; faster plans that fit: memfit plan {_machine_words(a)} --from "
+              + " --from ".join(map(shlex.quote, a.from_files or [a.file])))
         return 0
-    old = knobs_from_scenario(base)
+    old = knobs_from_scenario(base) | file_values(imported, asked)  # an asked setting is a change to write
     io = fit_files(imported, a.from_files or [a.file], base.hardware.world_size, folder)
+    check_sayable(asked, io.said, imported)
     said = io.said
     refusals: dict[str, str] = {}
 
@@ -93,19 +106,32 @@ def run_fit(a: argparse.Namespace) -> int:
     def keeps_the_step(files, row) -> None:
         """The files as written train on the plan's data per step (a writer that drops the accumulation it cannot
         hold, accelerate's deepspeed_config leaving for FSDP, would change the global batch): else refused."""
-        written, planned = _step_of(_written_run(imported, io.reread(files), row, given)), _step_of(row.scenario)
+        run = _written_run(imported, io.reread(files), row, given)
+        if a.row:  # the plan shown, exactly: a key the format lacks reads back as another value
+            _same_knobs(imported, run, row.scenario)
+        written, planned = _step_of(run), _step_of(row.scenario)
         if written != planned:
             raise MemfitError(f"{imported.name}: rewritten for this plan, the files would train on {written[0]} rows "
                               f"per step ({written[1]}, {written[2]} tokens), not the plan's {planned[0]} "
                               f"({planned[1]}, {planned[2]}): they cannot hold one of its settings")
 
-    best, files = _search(base, imported, allow, kept, a.global_batch, options, old, io, (says, keeps_the_step),
-                          refusals)
+    from memfit.interfaces.cli.progress import progress
+
+    with progress(f"searching plans {imported.name} can say"):
+        if a.row:
+            best, files = _shown_row(base, imported, allow, a.global_batch, options, a.row, (old, io, keeps_the_step))
+        else:
+            best, files = _search(base, imported, allow, kept, a.global_batch, options, old, io,
+                                  (says, keeps_the_step), refusals)
     _check_written(imported, io.reread(files), best, options.resume, given)
     print(f"{imported.name}: {now.verdict} ({gib(now.device_peak_bytes)} GiB per GPU) -> "
           f"{best.verdict} ({gib(best.device_peak_bytes)} GiB, {best.tokens_per_second:,.0f} tokens/s)")
     _print_notes(notes, base)
+    if note := _read_back_note(imported, io.reread(files), best, given):
+        print(note)
     _other_file_note(base, imported, allow, kept, a.global_batch, options, best)
+    for k, v in asked.items():
+        print(f"  {k}: {'unset' if old[k] is None else old[k]} -> {v}  (asked on the command line)")
     for c in best.changes:
         print(f"  {c.knob}: {c.before} -> {c.after}  {_effect(c)}{' (needed to fit)' if c.needed_to_fit else ''}"
               f"{' [CODE EDIT: no flag, see below]' if c.code_edit else ''}")
@@ -128,7 +154,25 @@ def run_fit(a: argparse.Namespace) -> int:
         print(f"copied the launch's {len(copies)} unchanged file(s) beside them, in its layout")
     if edits:  # the code-edit file is the last one written
         print(f"\nNEEDS A CODE EDIT as well ({imported.format} has no flag for it):\n{text}{_wrote(written[-1])}")
+    if written:
+        print(_next_words(a, written[0].path))
     return 0
+
+
+def _next_words(a: argparse.Namespace, path) -> str:
+    """fit's last line: the estimate of the file as written (from the launch folder, where its paths resolve)."""
+    return f"next: launch it; its whole estimate: memfit estimate {_machine_words(a)} --from {shlex.quote(str(path))}"
+
+
+def _machine_words(a: argparse.Namespace) -> str:
+    """The model (when given) and the machine of this fit, as estimate / plan words."""
+    from memfit.facts.knobs import hardware
+    from memfit.interfaces.cli.next_steps import flag_words
+
+    words = [shlex.quote(a.model)] if a.model else []  # estimate's and plan's model is their first word
+    words += [shlex.quote(w) for name in hardware() if getattr(a, name, None) is not None
+              for w in flag_words(name, getattr(a, name))]
+    return " ".join(words)
 
 
 def _print_notes(notes: list[str], base) -> None:
@@ -170,6 +214,28 @@ def _search(base, imported, allow, kept, global_batch, options, old, io, checks,
                       f"{base.hardware.gpus_per_node} x {base.hardware.gpu.name}{why}")
 
 
+PLAN_TOP = 5  # the rows `memfit plan` shows by default (its --top)
+
+
+def _shown_row(base, imported, allow, global_batch, options, n: int, writing):
+    """--row N: plan N as `memfit plan --from FILE` shows it (the same search, free of what the file can say),
+    written as it is; a plan the file cannot hold is one line naming what it lacks."""
+    from memfit.planner.plan import search_plans
+
+    old, io, keeps_the_step = writing
+    rows = search_plans(base, allow, global_batch, top_k=max(PLAN_TOP, n), options=options).rows
+    if n > len(rows):
+        raise MemfitError(f"--row {n}: memfit plan shows {len(rows)} plan(s) for {imported.name}; "
+                          + (f"choose 1 to {len(rows)}" if rows else "none fits (see `memfit plan`)"))
+    row = rows[n - 1]
+    try:
+        files = io.write(_file_changes(row, old, io.said))
+        keeps_the_step(files, row)
+    except MemfitError as e:
+        raise MemfitError(f"plan {n} cannot be written into {imported.name}: {e}") from None
+    return row, files
+
+
 def _check_written(imported, again, best, resume: bool, given: dict) -> None:
     """The files as they will be written, read back (`again`) and estimated (with the code edit beside them
     applied), must be the plan: a writer that drops a key or a path that resolves elsewhere shows up here, before
@@ -198,6 +264,37 @@ def _written_run(imported, again, row, given: dict):
         return build_scenario(s.model, s.hardware, again.knobs | edited | given, imported.profile)
     except MemfitError as e:
         raise MemfitError(f"{imported.name}: the rewritten file does not read back as a run: {e}") from None
+
+
+def _lost_knobs(written, planned) -> tuple[list[str], dict, dict]:
+    """The knobs (that act in the plan) whose value the written files read back differently, and both values."""
+    from memfit.facts.knobs import inert_because
+    from memfit.interfaces.formats import knobs_from_scenario
+
+    want, got = knobs_from_scenario(planned), knobs_from_scenario(written)
+    return [k for k in want if got.get(k) != want[k] and inert_because(planned, k) is None], want, got
+
+
+def _read_back_note(imported, again, best, given: dict) -> str:
+    """Where the files as written read back with another value of a knob than the plan (inside the agreement
+    `_check_written` allows): named, so the numbers above are not taken for the file's."""
+    lost, want, got = _lost_knobs(_written_run(imported, again, best, given), best.scenario)
+    if not lost:
+        return ""
+    return (f"  note: {imported.format} cannot say " + ", ".join(f"{k}={want[k]!r}" for k in lost) + "; written, the "
+            "file reads back as " + ", ".join(f"{k}={got.get(k)!r}" for k in lost) + f" (within {AGREE:.0%} of the "
+            "GPU of this plan's peak: `memfit estimate --from` the written file gives its own numbers)")
+
+
+def _same_knobs(imported, written, planned) -> None:
+    """The files as written read back as every knob of the plan, or the first knob they lose is named: a plan
+    the format cannot hold (DeepSpeed's bf16 section keeps fp32 master weights: bf16-pure reads back as mixed)."""
+    lost, want, got = _lost_knobs(written, planned)
+    if lost:
+        k = lost[0]
+        more = f" (and {len(lost) - 1} more: {', '.join(lost[1:])})" if len(lost) > 1 else ""
+        raise MemfitError(f"{imported.name}: {imported.format} cannot say {k}={want[k]!r} beside this plan's other "
+                          f"settings: written, it reads back as {k}={got.get(k)!r}{more}")
 
 
 def _step_of(s) -> tuple:

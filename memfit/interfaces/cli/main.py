@@ -8,7 +8,8 @@ import argparse
 import sys
 
 from memfit.errors import MemfitError
-from memfit.interfaces.cli.args import Parser, add_scenario_arguments, positive_int, scenario_from_args
+from memfit.interfaces.cli.args import Parser, add_length_arguments, add_scenario_arguments, positive_int, \
+    scenario_from_args
 
 
 def _cmd_estimate(a) -> int:
@@ -20,18 +21,22 @@ def _cmd_estimate(a) -> int:
     from memfit.interfaces.cli.run_cost import speed_section
 
     result = estimate(scenario_from_args(a))
-    data = read_lengths(a.lengths, result.scenario.model) if a.lengths else None  # read once, for both below
+    from memfit.interfaces.cli.progress import progress
+
+    with progress(f"reading the token lengths of {a.lengths}", a):
+        data = read_lengths(a.lengths, result.scenario.model) if a.lengths else None  # read once, for both below
     lengths = lengths_report(a, result.scenario, data)  # --lengths DATA: per-step, per-rank peaks (None without it)
     speed = speed_section(a, result.scenario, data)  # the step-time model's answer, beside the memory one
+    from memfit.interfaces.cli.next_steps import next_steps
+
+    nxt = next_steps(a, result)  # an OOM's cheapest changes that fit (re-read as flags), or the launch hint
     if a.html:  # the page as well as the usual output (render/html.py draws the --json document)
         from memfit.interfaces.render.html import estimate_page, write_page
         from memfit.planner.sweep import sweeps
 
         # plus the batch and sequence sweeps (the page's only numbers not in --json: estimates of nearby runs)
-        write_page(a.html, estimate_page(result.to_json() | {"sweep": sweeps(result.scenario)}))
-    from memfit.interfaces.cli.next_steps import next_steps
-
-    nxt = next_steps(a, result)  # an OOM's cheapest changes that fit (re-read as flags), or the launch hint
+        write_page(a.html, estimate_page(result.to_json() | {"sweep": sweeps(result.scenario)}
+                                         | {"next_steps": nxt.to_json(), "plan_command": nxt.plan_command}))
     if a.json:
         import json
 
@@ -40,9 +45,10 @@ def _cmd_estimate(a) -> int:
     else:
         from memfit.interfaces.render.estimate import print_estimate, print_next_steps, print_speed
 
-        print_estimate(result)
-        print_speed(speed, result.scenario.world_size)
-        if lengths:
+        print_estimate(result, brief=a.brief)
+        if not a.brief:
+            print_speed(speed, result.scenario.world_size)
+        if lengths and not a.brief:
             print_lengths(lengths)
         print_next_steps(result, nxt)  # every output ends with what to do next
     return 0
@@ -51,10 +57,10 @@ def _cmd_estimate(a) -> int:
 def _cmd_trace(a) -> int:
     from memfit.trace import render, run_trace, write_timeline
 
-    from memfit.interfaces.render.common import working
+    from memfit.interfaces.cli.progress import progress
 
     scenario = scenario_from_args(a)
-    with working(f"tracing {scenario.model.id}: the real modeling code on fake tensors"):
+    with progress(f"tracing {scenario.model.id}: the real modeling code on fake tensors", a):
         result = run_trace(scenario, steps=a.steps)
     if a.timeline:
         write_timeline(result, a.timeline)
@@ -92,10 +98,10 @@ def _cmd_trace(a) -> int:
 def _cmd_measure(a) -> int:
     from memfit.measure import render, run_measure
 
-    from memfit.interfaces.render.common import working
+    from memfit.interfaces.cli.progress import progress
 
     scenario = scenario_from_args(a)
-    with working(f"measuring {scenario.model.id}: the real engine on {scenario.world_size} rank(s)"):
+    with progress(f"measuring {scenario.model.id}: the real engine on {scenario.world_size} rank(s)", a):
         result = run_measure(scenario, steps=a.steps, model_dir=a.weights)
     if a.json:
         import json
@@ -163,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_scenario_arguments(est)
     est.add_argument("--json", action="store_true", help="print the documented JSON document instead of tables")
     est.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report (charts) to FILE")
+    add_length_arguments(est)
     from memfit.interfaces.lengths.cli import add_lengths_arguments
 
     add_lengths_arguments(est)

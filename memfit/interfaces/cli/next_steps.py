@@ -121,3 +121,39 @@ def _fit_command(a: argparse.Namespace) -> str:
         if value is not None:
             words += [shlex.quote(w) for w in flag_words(name, value)]
     return "memfit fit " + " ".join(words)
+
+
+def plan_next(a: argparse.Namespace, best) -> tuple[str, str]:
+    """`memfit plan`'s last line: `memfit fit FILE --row 1` for a run read from one file, else the estimate command
+    with plan 1's changes as flags (a change that needs a code edit has no flag: it is named instead). The line, and
+    the command alone."""
+    fit = _fit_command(a)
+    if fit:
+        return f"next: write plan 1 into a copy of the file (--row N for plan N): {fit} --row 1", f"{fit} --row 1"
+    from memfit.facts.knobs import axes
+    from memfit.interfaces.formats import knobs_from_scenario
+
+    values = knobs_from_scenario(best.scenario)
+    fields = {k: values[k] for c in best.changes if not c.code_edit for k in axes()[c.knob] if k in values}
+    edits = [c.knob for c in best.changes if c.code_edit]
+    command = " ".join(["memfit estimate", *command_words(argparse.Namespace(**(vars(a) | fields)))])
+    return f"next: check plan 1 and launch it: {command}" + (
+        f" (plus its code edit of {', '.join(edits)}, above)" if edits else ""), command
+
+
+def shell_lines(line: str, width: int | None = None) -> str:
+    """A line holding a command, wrapped at the terminal's width with shell continuations (` \\`): each printed
+    line fits, and the lines pasted into a shell are still one command."""
+    import shutil
+
+    width = width or shutil.get_terminal_size().columns
+    import re
+
+    out, current = [], ""
+    for word in re.findall(r"(?:'[^']*'|[^\s'])+", line):  # a quoted word (shlex.quote) stays whole
+        if current and len(current) + 1 + len(word) + 2 > width:
+            out.append(current + " \\")
+            current = "  " + word
+        else:
+            current = f"{current} {word}" if current else word
+    return "\n".join(out + [current])

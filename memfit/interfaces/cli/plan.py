@@ -9,8 +9,9 @@ import argparse
 import json
 
 from memfit.errors import MemfitError
-from memfit.interfaces.cli.args import add_scenario_arguments, positive_int, scenario_from_args
-from memfit.interfaces.render.common import show, working
+from memfit.interfaces.cli.args import add_length_arguments, add_scenario_arguments, positive_int, scenario_from_args
+from memfit.interfaces.cli.progress import progress
+from memfit.interfaces.render.common import show
 from memfit.facts.profiles import beyond_positions
 from rich.markup import escape
 
@@ -36,6 +37,7 @@ def add_plan_command(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON document instead of tables")
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report (the plan table and the "
                                                   "start's charts) to FILE")
+    add_length_arguments(p)  # --brief: the answer, the table and the next step; --detail (default): all
     limits = p.add_mutually_exclusive_group()
     limits.add_argument("--max-seq", action="store_true",
                         help="instead of plans: the longest sequence that fits, everything else fixed (no --gpu: "
@@ -63,26 +65,34 @@ def run_plan(a: argparse.Namespace) -> int:
     allow = {x.strip() for x in a.allow.split(",") if x.strip()}
     from memfit.interfaces.lengths.cli import plan_data
 
-    data = plan_data(a, base, a.global_batch)
+    with progress(f"reading the token lengths of {a.lengths}", a):
+        data = plan_data(a, base, a.global_batch)
     options = Options(code_edits=not a.no_code_edits, resume=not a.no_resume, data=data, budget=a.budget)
-    with working(f"searching configurations of {base.model.id} on {base.world_size} x {base.hardware.gpu.name}"):
+    with progress(f"searching configurations of {base.model.id} on {base.world_size} x {base.hardware.gpu.name}", a):
         searched = search_plans(base, allow, a.global_batch, top_k=a.top, options=options)
         rows = searched.rows
         start = baseline(base, a.global_batch, options)
         # a run with settings memfit could not read has no closest plan: every change of it stays "tight"
         miss = None if rows or base.unread else closest_miss(base, allow, a.global_batch, options)
+    from memfit.interfaces.cli.next_steps import plan_next
+
+    nxt, command = plan_next(a, rows[0]) if rows else (None, None)
+    doc = plan_json(start, rows, miss, options, searched) | {"next_command": command}
     if a.html:  # the plan document, and the estimate document of its start for the bars (render/html.py)
         from memfit.interfaces.render.html import plan_page, write_page
         from memfit.roles.estimate import estimate
 
-        write_page(a.html, plan_page(plan_json(start, rows, miss, options, searched),
-                                     estimate(start.scenario).to_json()))
+        write_page(a.html, plan_page(doc, estimate(start.scenario).to_json()))
     if a.json:
-        print(json.dumps(plan_json(start, rows, miss, options, searched), indent=2))
+        print(json.dumps(doc, indent=2))
     else:
-        print_plan(start, rows, miss, allow, options)
+        print_plan(start, rows, miss, allow, options, brief=a.brief)
         if searched.cut_short:
             print(cut_short_words(searched))
+        if nxt:
+            from memfit.interfaces.cli.next_steps import shell_lines
+
+            print(shell_lines(nxt))
     return 0
 
 
@@ -105,7 +115,7 @@ def run_limits(a: argparse.Namespace) -> int:
     gpu_given = bool(a.gpu or a.gpu_mem)
     s = scenario_from_args(a if gpu_given else _on_stand_in_gpu(a))
     resume = not a.no_resume
-    with working(f"searching the largest {knob.replace('_', ' ')} that fits"):
+    with progress(f"searching the largest {knob.replace('_', ' ')} that fits", a):
         rows = [limit(s, knob, resume=resume)] if gpu_given else limits_per_gpu(s, knob, gpus(), resume)
     if a.json:
         print(json.dumps(limits_json(s, knob, rows, gpu_given, resume), indent=2))
@@ -140,6 +150,7 @@ def plan_json(start, rows, miss, options=None, searched=None) -> dict:
         "not_read": list(s.unread),  # memory settings no reader read: no row of such a run is "fits"
         "warnings": beyond_positions(s),
         "note": "tokens/s come from memfit's step-time model (data/speed.toml); they rank, they do not promise",
+        "padded_fill": padded_fill(start, rows),
     } | ({"lengths": options.data.source} if options is not None and options.data else {}) | (
         {"search": searched.to_json()} if searched is not None else {})
 
@@ -215,7 +226,7 @@ def _saving(change, host_known: bool) -> str:
 # ---------------------------------------------------------------- tables
 
 
-def print_plan(start, rows, miss, allow: set[str], options=None) -> None:
+def print_plan(start, rows, miss, allow: set[str], options=None, brief: bool = False) -> None:
     from rich.console import Console
 
     con = Console()
@@ -239,6 +250,9 @@ def print_plan(start, rows, miss, allow: set[str], options=None) -> None:
     _print_table(con, start, rows)
     for line in fill_words(start, rows):
         con.print(line)
+    if brief:
+        con.print("[dim]--brief: each plan's changes and what they save are left out (--detail shows them)[/]")
+        return
     for i, r in enumerate(rows, 1):
         lines = []
         for c in r.changes:
@@ -287,17 +301,27 @@ def _kind(row) -> str:
 KIND_WORDS = {"offload": "optimizer offload", "offload_param": "parameter offload", "micro_batch": "micro-batch"}
 
 
-def fill_words(start, rows) -> list[str]:
-    """The padded fill the step-time model assumes (data/speed.toml padded_fill), named where a compared run's
-    tokens/s counts it: it alone can make micro-batch 4 -> 1 look 30% faster."""
+def padded_fill(start, rows) -> dict | None:
+    """The padded fill the step-time model assumes (data/speed.toml padded_fill) and the runs whose tokens/s count
+    it ("start", 1, 2, ...), or None when no compared run is padded."""
     from memfit.planner.speed import _padding_fill  # the one place the model decides a run is counted as padded
 
-    padded = [(name, f) for name, r in [("start", start)] + [(str(i), r) for i, r in enumerate(rows, 1)]
+    padded = [(name, f) for name, r in [("start", start)] + [(i, r) for i, r in enumerate(rows, 1)]
               if (f := _padding_fill(r.scenario)) < 1]
     if not padded:
+        return None
+    return {"fill": padded[0][1], "runs": [name for name, _ in padded], "source": "data/speed.toml padded_fill",
+            "without_it": "--padding packed or --micro-batch 1"}
+
+
+def fill_words(start, rows) -> list[str]:
+    """The padded fill, named where a compared run's tokens/s counts it: it alone can make micro-batch 4 -> 1 look
+    30% faster."""
+    fill = padded_fill(start, rows)
+    if fill is None:
         return []
-    fill = padded[0][1]
-    which = ", ".join(name if name == "start" else f"#{name}" for name, _ in padded)
+    which = ", ".join(name if name == "start" else f"#{name}" for name in fill["runs"])
+    fill = fill["fill"]
     return [f"[dim]padded fill: tokens/s assume {fill:.0%} of a padded micro-batch's positions are real tokens "
             f"(data/speed.toml padded_fill; {which}); one-row and packed batches count 100%: --padding packed "
             f"or --micro-batch 1 ranks without it[/]"]

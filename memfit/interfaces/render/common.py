@@ -49,16 +49,3 @@ def print_table(title: str, header: tuple[str, ...], rows) -> None:
     for r in rows:
         table.add_row(*map(str, r))
     show(console(), table)
-
-
-def working(message: str):
-    """A spinner with `message` on stderr while a long step runs (trace, measure, a plan search), when stderr is a
-    terminal: stdout stays the result alone (--json pipes), and a log file gets no spinner frames."""
-    import contextlib
-    import sys
-
-    if not sys.stderr.isatty():
-        return contextlib.nullcontext()
-    from rich.console import Console
-
-    return Console(stderr=True).status(message)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from memfit.breakdown import CATEGORIES, PHASES
 from memfit.interfaces.render.common import VERDICT_STYLE, console, gib, show
-from memfit.interfaces.render.roles import print_roles
+from memfit.interfaces.render.roles import print_roles, print_summary
 
 
 def _setup_line(s) -> str:
@@ -57,16 +57,26 @@ def answer_line(e) -> str:
     return head + f"{card}, {room}, {where}"
 
 
-def print_estimate(e) -> None:
+def several_models(e) -> bool:
+    return len(e.roles) > 1 or len(e.groups) > 1
+
+
+def print_estimate(e, brief: bool = False) -> None:
+    """The answer line, a per-role summary when several models run, then (unless `brief`) the detail."""
     from rich.table import Table
 
     con = console()
     s = e.scenario
     hw = s.hardware
     con.print(answer_line(e))  # the answer first; the breakdown below explains it
+    if several_models(e):  # 100+ lines of detail follow: the short answer per role first
+        print_summary(e)
     nodes = f" per node, {hw.nodes} nodes" if hw.nodes > 1 else ""
     con.print(f"[bold]{s.model.id}[/] on {hw.gpus_per_node} x {hw.gpu.name} ({gib(hw.gpu.memory_bytes)} GiB usable)"
               f"{nodes}  [dim]profile {s.profile}[/]")
+    if brief:
+        con.print("[dim]--brief: the breakdown, the phases and the assumptions are left out (--detail shows them)[/]")
+        return
     con.print(f"params {e.total_params / 1e9:.2f}B, trainable {e.trainable_params / 1e9:.3f}B; {_setup_line(s)}")
     peak = e.device_total.peak_phase
     table = Table(title=f"per-GPU memory at the peak ({peak}), GiB")
@@ -98,7 +108,7 @@ def print_estimate(e) -> None:
     if e.host_margin_bytes is not None:
         verdict += f"; host margin {gib(e.host_margin_bytes)} GiB"
     con.print(verdict)
-    if len(e.roles) > 1 or len(e.groups) > 1:  # several models: where each sits and what each holds
+    if several_models(e):  # several models: where each sits and what each holds
         print_roles(e)
     if e.assumptions:
         con.print("[dim]assumed: " + "; ".join(e.assumptions) + "[/]")

@@ -211,8 +211,22 @@ def estimate_body(doc: dict) -> list[str]:
     return body + _list("what drives the peak", drivers, "drivers")
 
 
+def next_section(doc: dict) -> list[str]:
+    """What to do next, as the terminal ends with it: the changes that each fit (flags to add), then the command
+    that searches further (estimate), or the command that checks the fastest plan (plan)."""
+    steps = [f"add {' '.join(s['flags'])}: {gib(s['device_total_bytes'])} GiB per GPU, speed cost "
+             f"{s['speed_cost']:+.1%}" for s in doc.get("next_steps", [])]
+    commands = [c for c in (doc.get("plan_command"), doc.get("next_command")) if c]
+    if not steps and not commands:
+        return []
+    items = "".join(f"<li>{escape(s)}</li>" for s in steps) + "".join(f"<li><code>{escape(c)}</code></li>"
+                                                                       for c in commands)
+    return ["<h2>next</h2>", f'<ul id="next">{items}</ul>']
+
+
 def estimate_page(doc: dict) -> str:
     body = _header(doc) + estimate_body(doc) + _list("assumptions", doc["assumptions"], "assumptions")
+    body += next_section(doc)
     body.append('<p class="note">memfit estimate; numbers as in <code>memfit estimate --json</code>; GiB = 2^30 '
                 "bytes</p>")
     return page(f"memfit estimate: {doc['model']}", body)
@@ -274,5 +288,5 @@ def plan_page(plan: dict, base: dict) -> str:
         "</p>", f"<h2>plan: {found}</h2>", plan_table(plan), f'<p class="note">{escape(plan["note"])}; saving: the '
         "change applied alone to the start (or, where it cannot stand alone, removed from the plan); speed cost: "
         "the plan with vs without it (negative = faster)</p>", "<h2>the start, as estimated</h2>",
-        *estimate_body(base), *_list("assumptions", base["assumptions"], "assumptions")]
+        *estimate_body(base), *_list("assumptions", base["assumptions"], "assumptions"), *next_section(plan)]
     return page(f"memfit plan: {plan['model']}", body)

@@ -10,6 +10,38 @@ SHORT = {"weights": "weights", "gradients": "grads", "optimizer_states": "optim"
          "logits_loss": "logits", "engine_buffers": "buffers", "runtime_overhead": "runtime"}
 
 
+def role_peaks(e) -> list[tuple[str, int, int, str, str]]:
+    """Each role's (role, GPUs, device total per GPU at its own peak, the moment of that peak, its GPU group), read
+    from its group's moments: what the summary under the answer line shows."""
+    out = []
+    for r in e.roles:
+        g = e.group(r.group)
+        held = {m: by_role[r.role].total for m, by_role in g.moments.items() if r.role in by_role}
+        moment = max(held, key=held.get) if held else g.peak_moment
+        steady = len(held) > 1 and len(set(held.values())) == 1  # the same at every moment (a vLLM reservation)
+        out.append((r.role, r.gpus, held.get(moment, 0), "every moment" if steady else moment, g.name))
+    return out
+
+
+def _when(moment: str) -> str:
+    return moment if moment == "every moment" else f"at {moment}"
+
+
+def print_summary(e) -> None:
+    """A run with several roles: one line per role (GPUs, its own peak, when), then each GPU group's sum: the
+    short answer the detail below explains."""
+    con = console()
+    con.print(f"roles of {e.scenario.method} (device total per GPU at each role's own peak):")
+    rows = role_peaks(e)
+    width = max(len(role) for role, *_ in rows)
+    for role, gpus, peak, moment, _ in rows:
+        con.print(f"  {role.ljust(width)}  {gpus:>3} GPU{'s' * (gpus != 1)}  {gib(peak):>7} GiB  {_when(moment)}")
+    for g in e.groups:
+        worst = "  <- worst" if len(e.groups) > 1 and g.name == e.worst_group else ""
+        con.print(f"  group '{g.name}': {len(g.roles)} role(s) on {g.gpus} GPUs, {gib(g.peak)} of {gib(g.capacity)} "
+                  f"GiB at {g.peak_moment}{worst}")
+
+
 def print_roles(e) -> None:
     from rich.table import Table
 
