@@ -53,30 +53,44 @@ def measure(names: list[str]) -> dict[str, list[dict]]:
     return {name: result["ranks"] for name, result in zip(names, results)}
 
 
-def estimate_phases(name: str) -> dict[str, int]:
-    """memfit's allocated bytes per phase of the row's step on 2 GPUs, without the runtime overhead."""
+def scenario(name: str):
+    """The row's run as memfit reads it: verl's profile (data/frameworks/verl.toml) on 2 GPUs, with what the CPU run
+    changes: SDPA (flash-attn is CUDA-only) and torch's per-tensor AdamW loop (a GPU's AdamW runs foreach)."""
     from engine import tiny
-    from memfit.memory.states import verl_fsdp
+    from memfit.facts.catalog import find_gpu
+    from memfit.facts.profiles import build_scenario
+    from memfit.facts.scenario import Hardware
 
     row, d = ROWS[name], DIMS
     spec = tiny("llama", "bench/llama-22m", hidden=d["hidden"], layers=d["layers"], heads=d["heads"],
                 kv=d["kv_heads"], inter=d["inter"], vocab=d["vocab"])
     knobs = {"tuning": row["tuning"], "micro_batch": BATCH["micro_batch"], "seq_len": BATCH["seq_len"],
-             "fsdp_version": 2 if row["strategy"] == "fsdp2" else 1, "attention": "sdpa",
-             # a CPU's torch.optim.AdamW runs its per-tensor loop (on a GPU: foreach, verl's profile)
+             "engine": "fsdp", "fsdp_version": 2 if row["strategy"] == "fsdp2" else 1, "attention": "sdpa",
              "optimizer": "adamw-loop"}
-    if row["role"] == "ref":
-        return {"ref_log_prob": verl_fsdp.reference_pass_bytes(spec, knobs, gpus=2)}
-    return verl_fsdp.actor_update_bytes(spec, knobs, gpus=2)
+    return build_scenario(spec, Hardware(gpu=find_gpu("a100-80gb"), gpus_per_node=2), knobs, "verl")
+
+
+def estimate_phases(name: str) -> tuple[dict[str, int], int]:
+    """memfit's allocated bytes per phase of the row's step on 2 GPUs (no runtime overhead), and its host bytes;
+    the log-probs by the path the CPU run takes (no flash-attn: one log_softmax per token row)."""
+    from memfit.memory.states import verl_fsdp
+
+    s = scenario(name)
+    if ROWS[name]["role"] == "ref":
+        ref = verl_fsdp.reference_pass_bytes(s)
+        return {"ref_log_prob": ref["device"]}, ref["host"]
+    return verl_fsdp.actor_update_bytes(s, logprob_path="torch_rows"), 0
 
 
 def compare(name: str, ranks: list[dict]) -> dict:
     measured = {phase: max(sum(r["phases"][phase].values()) for r in ranks) for phase in ranks[0]["phases"]}
-    est = estimate_phases(name)
+    est, est_host = estimate_phases(name)
+    host = max(max((sum(p.values()) for p in r["host_phases"].values()), default=0) for r in ranks)
     peak_phase = max(measured, key=measured.get)
     est_phase = max(est, key=est.get)
     return {"name": name, "measured": measured[peak_phase], "measured_phase": peak_phase,
             "estimate": est[est_phase], "estimate_phase": est_phase, "phases": measured, "estimate_phases": est,
+            "host": host, "estimate_host": est_host,
             "error_pct": 100 * (est[est_phase] - measured[peak_phase]) / measured[peak_phase]}
 
 
@@ -87,11 +101,15 @@ def saved_rows() -> tuple[list[dict], dict]:
 
 def table(rows: list[dict]) -> str:
     w = max([20] + [len(r["name"]) for r in rows])
-    out = [f"{'row':<{w}} {'measured':>9} {'phase':<14} {'memfit':>9} {'phase':<14} {'err %':>7}",
-           f"{'':<{w}} {'MiB':>9} {'':<14} {'MiB':>9}"]
+    out = [f"{'row':<{w}} {'measured':>9} {'phase':<14} {'memfit':>9} {'phase':<14} {'err %':>7} {'host':>7} "
+           f"{'memfit':>7}", f"{'':<{w}} {'MiB':>9} {'':<14} {'MiB':>9} {'':<14} {'':>7} {'MiB':>7} {'host':>7}"]
     for r in rows:
         out.append(f"{r['name']:<{w}} {r['measured'] / MIB:9.2f} {r['measured_phase']:<14} {r['estimate'] / MIB:9.2f} "
-                   f"{r['estimate_phase']:<14} {r['error_pct']:+7.2f}")
+                   f"{r['estimate_phase']:<14} {r['error_pct']:+7.2f} {r['host'] / MIB:7.2f} "
+                   f"{r['estimate_host'] / MIB:7.2f}")
+        phases = "  ".join(f"{p} {b / MIB:.2f}/{r['estimate_phases'].get(p, 0) / MIB:.2f}"
+                           for p, b in r["phases"].items())
+        out.append(f"{'':<{w}}   measured/memfit MiB by phase: {phases}")
     return "\n".join(out)
 
 

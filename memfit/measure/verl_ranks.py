@@ -225,14 +225,25 @@ def _loss(run: dict):
     return partial(ppo_loss, config=config)
 
 
-def _peaks(tk, step: int, side: str = "device") -> dict:
-    """The last step's peak of each phase, by category."""
+def _peak_snaps(tk, step: int, side: str = "device") -> dict:
+    """The last step's peak of each phase (the tracker's snapshot)."""
     phases = {}
     for phase in ("forward", "backward", "optimizer_step"):
         snaps = [snap for (st, ph, sd), snap in tk.peaks.items() if st == step and sd == side and ph == phase]
         if snaps:
-            phases[phase] = dict(max(snaps, key=lambda x: x.total).parts)
+            phases[phase] = max(snaps, key=lambda x: x.total)
     return phases
+
+
+def _peaks(tk, step: int, side: str = "device") -> dict:
+    """The last step's peak of each phase, by category."""
+    return {phase: dict(snap.parts) for phase, snap in _peak_snaps(tk, step, side).items()}
+
+
+def _sites(tk, step: int) -> dict:
+    """The largest allocation sites alive at each phase's peak (what the bench's reader looks at first)."""
+    return {phase: dict(sorted(snap.sites.items(), key=lambda kv: -kv[1])[:10])
+            for phase, snap in _peak_snaps(tk, step).items()}
 
 
 def run_rank(run: dict) -> dict:
@@ -275,9 +286,10 @@ def run_rank(run: dict) -> dict:
     from importlib.metadata import version
 
     phases, host = _peaks(tk, run["steps"]), _peaks(tk, run["steps"], "host")
+    sites = _sites(tk, run["steps"])
     if run["role"] == "ref":  # its one pass, forward only under no_grad
-        phases, host = ({"ref_log_prob": d["forward"]} if d else {} for d in (phases, host))
-    return {"rank": rank, "phases": phases, "host_phases": host, "buffers": tk.named_buffers(),
+        phases, host, sites = ({"ref_log_prob": d["forward"]} if d else {} for d in (phases, host, sites))
+    return {"rank": rank, "phases": phases, "host_phases": host, "sites": sites,
             "versions": {name: version(name) for name in ("torch", "transformers", "verl", "peft")}}
 
 
