@@ -32,6 +32,9 @@ DIMS = dict(hidden=384, layers=6, heads=6, kv_heads=2, inter=1024, vocab=16000)
 BATCH = dict(micro_batch=2, seq_len=256, steps=2)
 ROWS = {f"{role} full {strategy}": dict(role=role, tuning="full", strategy=strategy)
         for strategy in ("fsdp2", "fsdp") for role in ("actor", "ref")}
+# LoRA (model.lora_rank 8, verl's target_modules default all-linear): the actor only; verl's reference under LoRA is
+# the actor with its adapters disabled (ref_in_actor), no engine of its own
+ROWS |= {f"actor lora {strategy}": dict(role="actor", tuning="lora", strategy=strategy) for strategy in ("fsdp2", "fsdp")}
 
 
 def _run(name: str) -> dict:
@@ -66,7 +69,7 @@ def scenario(name: str):
                 kv=d["kv_heads"], inter=d["inter"], vocab=d["vocab"])
     knobs = {"tuning": row["tuning"], "micro_batch": BATCH["micro_batch"], "seq_len": BATCH["seq_len"],
              "engine": "fsdp", "fsdp_version": 2 if row["strategy"] == "fsdp2" else 1, "attention": "sdpa",
-             "optimizer": "adamw-loop"}
+             "optimizer": "adamw-loop", **({"lora_rank": 8} if row["tuning"] == "lora" else {})}
     return build_scenario(spec, Hardware(gpu=find_gpu("a100-80gb"), gpus_per_node=2), knobs, "verl")
 
 

@@ -1,9 +1,54 @@
 """verl 0.9.1's own FSDP engine (the actor's update, the reference's log-prob pass) on 2 gloo CPU ranks; run by the
 verl venv's python (tests/trace/setup_verl_venv.sh), started by bench/verl_workers.py:
 
-    .venvs/verl/bin/python -m memfit.measure.verl_ranks < runs.jsonl   # one JSON run per line; one result per line
+    PYTHONPATH=. .venvs/verl/bin/python -m memfit.measure.verl_ranks < runs.jsonl   # one JSON run per line
 
-DRAFT: docstring of facts below is filled as they are read.
+Each rank builds verl's `FSDPEngineWithLMHead` (workers/engine/fsdp/transformer_impl.py) from verl's own config
+dataclasses (HFModelConfig, FSDPEngineConfig, FSDPOptimizerConfig, ActorConfig) over a tiny Llama saved to disk, and
+makes the engine calls `TrainingWorker.train_batch` / `infer_batch` make (workers/engine_workers.py): the actor's
+`train_mode()` then `optimizer_zero_grad`, `forward_backward_batch` with verl's `ppo_loss` (workers/utils/losses.py),
+`optimizer_step`; the reference (engine forward_only=True, as ref/dp_ref.yaml sets it) `eval_mode()` then
+`infer_batch`. Ray, the rollout and vLLM are not involved: the worker's pieces are made directly, one process per rank.
+
+What verl 0.9.1 does that matters to memory (read from the wheel; measured here):
+  - precision: the model is built in `engine.model_dtype`, fp32 by default (trainer/config/engine/fsdp.yaml), the
+    forward-only reference's too; FSDP1 MixedPrecision / FSDP2 MixedPrecisionPolicy(param_dtype bf16, reduce_dtype
+    fp32, buffer fp32) when `engine.mixed_precision` is unset (`_build_fsdp_module`); the forward runs under
+    torch.autocast(bf16) (`forward_step`). So shards, sharded gradients and AdamW states are fp32; a unit is
+    gathered in bf16; its unsharded gradient is bf16 and is reduced from an fp32 copy.
+  - wrapping: FSDP1 `get_fsdp_wrap_policy` (utils/fsdp_utils.py) wraps the decoder layers; the root flat parameter
+    holds embedding, final norm and head, never resharded after forward (torch's root). FSDP2 `apply_fsdp2` +
+    `_select_fsdp2_wrap_targets`: every decoder layer, embed_tokens and lm_head (untied) their own `fully_shard`
+    units, `reshard_after_forward` from engine.reshard_after_forward (default true), then the root (final norm).
+    FSDP1's sharding strategy is FULL_SHARD for reshard_after_forward=true (`get_sharding_strategy`).
+  - offload: `param_offload` / `optimizer_offload` (actor, critic) move the shards, gradients and optimizer states
+    to the host between phases with `offload_fsdp_model_to_cpu` / `offload_fsdp_optimizer` and back with
+    `load_fsdp_model_to_gpu` / `load_fsdp_optimizer` when `train_mode()` / `eval_mode()` is entered
+    (engine/base.py BaseEngineCtx); during the update everything is on the GPU as without offload. On a CPU those
+    moves are no-ops, so no offload row is measured here: its effect is where a role sits between phases.
+  - the reference: FSDP1 `CPUOffload(offload_params=True)`, FSDP2 `CPUOffloadPolicy(pin_memory=True)` forced for
+    forward_only (and `param_offload` turned off): its fp32 shards live in host RAM, a unit is copied in and
+    gathered while it runs. FSDP1's CPUOffload also makes a pinned host gradient buffer of each shard's size.
+  - log-probs (`prepare_model_outputs`, remove-padding: `use_remove_padding` true in ppo_trainer.yaml, the batch is
+    one packed row of tokens): the head's bf16 logits, scaled only when the temperature is not 1; log-probs by
+    `logprobs_from_logits` (utils/torch_functional.py): flash-attn's triton cross entropy with inplace_backward when
+    flash-attn is installed, else `logprobs_from_logits_v2` (bf16: one log_softmax per token row). Entropy only when
+    the loss asks for it (`calculate_entropy`), chunked with `entropy_from_logits_with_chunking`, checkpointed with
+    `entropy_checkpointing`; not run here (entropy_coeff 0).
+  - AdamW: `build_optimizer` makes torch.optim.AdamW with no foreach / fused argument: foreach on CUDA, the
+    single-tensor loop on a CPU (two temporaries of the largest tensor, measured).
+
+Patches, each only what a CPU lacks (the code that runs is verl's and torch's):
+  1. verl's platform: a CPU platform (device "cpu", backend gloo, no cache to empty) set with `set_platform`; verl's
+     auto-detection falls back to "nvidia" without a GPU.
+  2. verl.utils.dataset is entered without its __init__ (which imports Pillow for multi-modal datasets; none is read).
+  3. attention: `override_config={"attn_implementation": "sdpa"}` (verl's default flash_attention_2 is CUDA-only); a
+     config key verl has, not a patch of code. The layers' activations are a CPU SDPA's (small here).
+  4. `monkey_patch.is_trl_available` false: the installed TRL lacks the value-head class verl re-binds (not used).
+  5. FSDP2's CPUOffloadPolicy(pin_memory=False) for the reference: pinning needs an accelerator.
+  6. FSDP1's refusal to broadcast CPU module states (sync_module_states) is skipped; gloo broadcasts them.
+  7. `Tensor.pin_memory` makes a plain copy, marked pinned for the tracker (FSDP1 CPUOffload pins in torch itself).
+Every storage is counted by memfit.measure.tracker; the engine's objects are claimed by category and side.
 """
 from __future__ import annotations
 
@@ -240,10 +285,10 @@ def _peaks(tk, step: int, side: str = "device") -> dict:
     return {phase: dict(snap.parts) for phase, snap in _peak_snaps(tk, step, side).items()}
 
 
-def _sites(tk, step: int) -> dict:
+def _sites(tk, step: int, side: str = "device") -> dict:
     """The largest allocation sites alive at each phase's peak (what the bench's reader looks at first)."""
     return {phase: dict(sorted(snap.sites.items(), key=lambda kv: -kv[1])[:10])
-            for phase, snap in _peak_snaps(tk, step).items()}
+            for phase, snap in _peak_snaps(tk, step, side).items()}
 
 
 def run_rank(run: dict) -> dict:
@@ -274,6 +319,9 @@ def run_rank(run: dict) -> dict:
     torch.distributed.barrier()
     tk = MemoryTracker(roots=ROOTS)
     tk.rules.insert(0, ("fsdp/_flat_param.py:init_flat_param_attributes", "weights", "device"))
+    # FSDP2 under CPUOffloadPolicy copies a host shard to the device, then casts it to bf16 for the all-gather
+    # (_fsdp_param.py all_gather_inputs); on a CPU the copy is a no-op and the cast would pass for a host tensor
+    tk.rules.insert(0, ("_fully_shard/_fsdp_common.py:_to_dtype_if_needed", "engine_buffers", "device"))
     current["tk"] = tk
     with tk:
         tk.set_phase("load", 0)
@@ -286,10 +334,11 @@ def run_rank(run: dict) -> dict:
     from importlib.metadata import version
 
     phases, host = _peaks(tk, run["steps"]), _peaks(tk, run["steps"], "host")
-    sites = _sites(tk, run["steps"])
+    sites, host_sites = _sites(tk, run["steps"]), _sites(tk, run["steps"], "host")
     if run["role"] == "ref":  # its one pass, forward only under no_grad
-        phases, host, sites = ({"ref_log_prob": d["forward"]} if d else {} for d in (phases, host, sites))
-    return {"rank": rank, "phases": phases, "host_phases": host, "sites": sites,
+        phases, host, sites, host_sites = ({"ref_log_prob": d["forward"]} if d else {}
+                                           for d in (phases, host, sites, host_sites))
+    return {"rank": rank, "phases": phases, "host_phases": host, "sites": sites, "host_sites": host_sites,
             "versions": {name: version(name) for name in ("torch", "transformers", "verl", "peft")}}
 
 

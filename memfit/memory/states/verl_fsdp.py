@@ -28,7 +28,7 @@ from memfit.memory.inventory import ParamTensor, scenario_tensors
 from memfit.memory.states.common import torch_optimizer
 
 RELEASE = "0.9.1"  # the verl release whose facts are read; the only one measured
-FACT_KEYS = {"torch", "profiles", "shard_bytes", "gathered_bytes", "reduce_bytes", "fsdp2_head_copies",
+FACT_KEYS = {"torch", "shard_bytes", "gathered_bytes", "reduce_bytes", "fsdp2_head_copies",
              "fsdp1_root_kept", "last_reduce_copies", "reference_on_host", "fsdp1_reference_host_grad",
              "logits_bytes", "saved_per_logit", "grad_per_logit", "loop_temporaries"}
 LOGPROB_PATHS = ("flash_ce", "torch_rows")
@@ -119,7 +119,8 @@ def actor_update_bytes(s, logprob_path: str = "flash_ce", release: str = RELEASE
     kept = shards + states
     per_logit = f["logits_bytes"] + f["saved_per_logit"][logprob_path]
     head_forward = _head_gathered(s, z, f) + logits * f["logits_bytes"] + _head_input(s, f)
-    after_head = (z.root * f["gathered_bytes"] if s.fsdp_version == 1 else 0) + logits * per_logit
+    after_head = (z.root * f["gathered_bytes"] if s.fsdp_version == 1 and f["fsdp1_root_kept"] else 0)
+    after_head += logits * per_logit
     # backward: the head's (regathered under FSDP2, the logits' gradient beside them) and the last post-backward
     head_backward = _head_gathered(s, z, f) + logits * (per_logit + f["grad_per_logit"][logprob_path])
     last_unit = z.root if s.fsdp_version == 1 else z.embedding
