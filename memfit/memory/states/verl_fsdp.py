@@ -30,7 +30,7 @@ from memfit.memory.states.common import torch_optimizer
 RELEASE = "0.9.1"  # the verl release whose facts are read; the only one measured
 FACT_KEYS = {"torch", "shard_bytes", "gathered_bytes", "reduce_bytes", "fsdp2_head_copies",
              "fsdp1_root_kept", "last_reduce_copies", "reference_on_host", "fsdp1_reference_host_grad",
-             "logits_bytes", "saved_per_logit", "grad_per_logit", "loop_temporaries"}
+             "logits_bytes", "saved_per_logit", "backward_per_logit", "loop_temporaries"}
 LOGPROB_PATHS = ("flash_ce", "torch_rows")
 
 
@@ -66,7 +66,10 @@ class _Sizes:
         outside = [t for t in tensors if not t.per_layer]
         layer = sum(t.total for t in tensors if t.per_layer) // layers
         root = sum(t.total for t in outside)
-        largest = max(root, layer) if s.fsdp_version == 1 else max(t.numel for t in tensors)
+        trained = [t for t in tensors if t.trainable] or tensors
+        # FSDP1 steps each unit's flat parameter; under LoRA each adapter Linear is its own unit (verl's lambda policy)
+        whole_units = s.fsdp_version == 1 and all(t.trainable for t in tensors)
+        largest = max(root, layer) if whole_units else max(t.numel for t in trained)
         return cls(sum(t.total for t in tensors), sum(t.total for t in outside if t.kind == "embedding"),
                    sum(t.total for t in outside if t.kind == "lm_head"), root, layer, largest)
 
@@ -99,6 +102,18 @@ def _head_gathered(s, z: _Sizes, f: dict) -> int:
     return f["fsdp2_head_copies"] * z.head * f["gathered_bytes"]
 
 
+def _last_reduced(s, tensors: list[ParamTensor]) -> int:
+    """Elements of the last unit backward reduce-scatters: FSDP2 the embedding, FSDP1 the root, where they train;
+    else (LoRA) the first layer's trainable parameters (FSDP1 gives each adapter Linear its own unit: one layer's
+    adapters err high)."""
+    outside = [t for t in tensors if not t.per_layer and t.trainable]
+    if s.fsdp_version == 2:
+        outside = [t for t in outside if t.kind == "embedding"]
+    if outside:
+        return sum(t.total for t in outside)
+    return sum(t.total for t in tensors if t.per_layer and t.trainable) // max(s.model.num_layers, 1)
+
+
 def _optimizer_temporaries(s, z: _Sizes, f: dict, n: int) -> int:
     if s.optimizer == "adamw-loop":
         return f["loop_temporaries"] * -(-z.largest_stepped // n) * f["shard_bytes"]
@@ -121,12 +136,12 @@ def actor_update_bytes(s, logprob_path: str = "flash_ce", release: str = RELEASE
     head_forward = _head_gathered(s, z, f) + logits * f["logits_bytes"] + _head_input(s, f)
     after_head = (z.root * f["gathered_bytes"] if s.fsdp_version == 1 and f["fsdp1_root_kept"] else 0)
     after_head += logits * per_logit
-    # backward: the head's (regathered under FSDP2, the logits' gradient beside them) and the last post-backward
-    head_backward = _head_gathered(s, z, f) + logits * (per_logit + f["grad_per_logit"][logprob_path])
-    last_unit = z.root if s.fsdp_version == 1 else z.embedding
-    last_reduce = f["last_reduce_copies"] * last_unit * (f["gathered_bytes"] + f["reduce_bytes"])
+    # backward starts where forward ended (the log-probs' saved rows); then the head's backward (regathered under
+    # FSDP2, the logits' gradient beside it) and the last post-backward, every shard's gradient reduced
+    head_backward = _head_gathered(s, z, f) + logits * f["backward_per_logit"][logprob_path]
+    last_reduce = f["last_reduce_copies"] * _last_reduced(s, tensors) * (f["gathered_bytes"] + f["reduce_bytes"])
     return {"forward": kept + saved + max(head_forward, after_head),
-            "backward": kept + max(saved + head_backward, grads + last_reduce),
+            "backward": kept + max(saved + after_head, saved + head_backward, grads + last_reduce),
             "optimizer_step": kept + grads + _optimizer_temporaries(s, z, f, n)}
 
 
