@@ -35,6 +35,10 @@ ROWS = {f"{role} full {strategy}": dict(role=role, tuning="full", strategy=strat
 # LoRA (model.lora_rank 8, verl's target_modules default all-linear): the actor only; verl's reference under LoRA is
 # the actor with its adapters disabled (ref_in_actor), no engine of its own
 ROWS |= {f"actor lora {strategy}": dict(role="actor", tuning="lora", strategy=strategy) for strategy in ("fsdp2", "fsdp")}
+# param_offload + optimizer_offload: verl's own moves run (train_mode() loads shards, gradients and AdamW states back
+# before the update, its exit offloads them); on a CPU a move is no copy, so the row shows the update holds the same
+ROWS["actor full fsdp2 offload"] = dict(role="actor", tuning="full", strategy="fsdp2", param_offload=True,
+                                        optimizer_offload=True)
 
 
 def _run(name: str) -> dict:
