@@ -86,7 +86,8 @@ def estimate_phases(name: str) -> tuple[dict[str, int], int]:
     if ROWS[name]["role"] == "ref":
         ref = verl_fsdp.reference_pass_bytes(s)
         return {"ref_log_prob": ref["device"]}, ref["host"]
-    return verl_fsdp.actor_update_bytes(s, logprob_path="torch_rows"), 0
+    update = verl_fsdp.actor_update_bytes(s, logprob_path="torch_rows")
+    return {"old_log_prob": verl_fsdp.actor_log_prob_bytes(s), **update}, 0
 
 
 def compare(name: str, ranks: list[dict]) -> dict:

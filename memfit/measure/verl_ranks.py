@@ -6,7 +6,7 @@ verl venv's python (tests/trace/setup_verl_venv.sh), started by bench/verl_worke
 Each rank builds verl's `FSDPEngineWithLMHead` (workers/engine/fsdp/transformer_impl.py) from verl's own config
 dataclasses (HFModelConfig, FSDPEngineConfig, FSDPOptimizerConfig, ActorConfig) over a tiny Llama saved to disk, and
 makes the engine calls `TrainingWorker.train_batch` / `infer_batch` make (workers/engine_workers.py): the actor's
-`train_mode()` then `optimizer_zero_grad`, `forward_backward_batch` with verl's `ppo_loss` (workers/utils/losses.py),
+old log-probs (`eval_mode()`, `infer_batch`, as compute_log_prob runs before the update), its `train_mode()` then `optimizer_zero_grad`, `forward_backward_batch` with verl's `ppo_loss` (workers/utils/losses.py),
 `optimizer_step`; the reference (engine forward_only=True, as ref/dp_ref.yaml sets it) `eval_mode()` then
 `infer_batch`. Ray, the rollout and vLLM are not involved: the worker's pieces are made directly, one process per rank.
 
@@ -338,6 +338,9 @@ def run_rank(run: dict) -> dict:
     if run["role"] == "ref":  # its one pass, forward only under no_grad
         phases, host, sites, host_sites = ({"ref_log_prob": d["forward"]} if d else {}
                                            for d in (phases, host, sites, host_sites))
+    else:  # the actor's old log-probs, before its update
+        phases["old_log_prob"] = _peaks(tk, -run["steps"])["forward"]
+        sites["old_log_prob"] = _sites(tk, -run["steps"])["forward"]
     return {"rank": rank, "phases": phases, "host_phases": host, "sites": sites, "host_sites": host_sites,
             "versions": {name: version(name) for name in ("torch", "transformers", "verl", "peft")}}
 
@@ -351,6 +354,11 @@ def _actor_steps(run: dict, tk, path: str, rank: int) -> None:
     for step in range(1, run["steps"] + 1):
         data = _batch(run, vocab, rank)
         claim_states(tk, engine.module, engine.optimizer)
+        # the old policy's log-probs first (ActorRolloutRefWorker.compute_log_prob: eval_mode(), infer_batch), kept
+        # as step -N with the tracker's forward labels
+        tk.set_phase("forward", -step)
+        with engine.eval_mode():
+            engine.infer_batch(data, loss_function=None)
         tk.set_phase("forward", step)
 
         def loss(*args, _step=step, **kwargs):  # verl's loss; its backward starts when it returns

@@ -12,8 +12,8 @@ gloo ranks by bench/verl_workers.py). What differs from memfit's other FSDP layo
 - the reference lives on the host (FSDP1 CPUOffload(offload_params=True), FSDP2 CPUOffloadPolicy): on the GPU only
   the unit running and the logits.
 
-Two functions for callers (the verl placement, bench/verl_workers.py): `actor_update_bytes(s)` and
-`reference_pass_bytes(s)`; `logprob_path` says which log-prob code runs ("flash_ce" on verl's GPU install,
+Three functions for callers (the verl placement, bench/verl_workers.py): `actor_update_bytes(s)`,
+`actor_log_prob_bytes(s)` and `reference_pass_bytes(s)`; `logprob_path` says which log-prob code runs ("flash_ce" on verl's GPU install,
 "torch_rows" without flash-attn).
 """
 from __future__ import annotations
@@ -143,6 +143,18 @@ def actor_update_bytes(s, logprob_path: str = "flash_ce", release: str = RELEASE
     return {"forward": kept + saved + max(head_forward, after_head),
             "backward": kept + max(saved + after_head, saved + head_backward, grads + last_reduce),
             "optimizer_step": kept + grads + _optimizer_temporaries(s, z, f, n)}
+
+
+def actor_log_prob_bytes(s, release: str = RELEASE) -> int:
+    """Allocated bytes per GPU of the actor's own log-prob pass (compute_log_prob, no_grad, before its update): its
+    shards and AdamW states resident (verl's param / optimizer offload moves the shards back for it and leaves the
+    states on the host: subtract them there), the head's unit gathered, the head's input and its logits."""
+    f, n = facts(release), s.world_size
+    tensors = scenario_tensors(s)
+    z = _Sizes.of(s, tensors)
+    shards = -(-z.total // n) * f["shard_bytes"]
+    states = torch_optimizer(s, [t for t in tensors if t.trainable])[0] // n
+    return shards + states + _head_gathered(s, z, f) + _logit_elements(s) * f["logits_bytes"] + _head_input(s, f)
 
 
 def reference_pass_bytes(s, release: str = RELEASE) -> dict[str, int]:
