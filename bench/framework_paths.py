@@ -103,6 +103,18 @@ def glm4_group() -> dict:
     return _remote_code_group("glm4", "modeling_chatglm.py")
 
 
+def verl_workers_group() -> dict:
+    """verl's own FSDP engine on 2 gloo ranks (bench/verl_workers.py keeps the measurements): the actor update's and
+    the reference log-prob pass's allocated peak per rank, estimate (memory/states/verl_fsdp.py) vs measured."""
+    spec = importlib.util.spec_from_file_location("verl_workers_bench", HERE / "verl_workers.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    if not bench.SAVED.exists():
+        return _summary([], {})
+    rows, versions = bench.saved_rows()
+    return _summary([abs(r["error_pct"]) for r in rows], versions)
+
+
 def accelerate_fsdp_group() -> dict:
     """HF Trainer's FSDP1 / FSDP2 through accelerate's own preparation on 2 gloo ranks (bench/accelerate_fsdp.py keeps
     the measurements): the allocated step peak per rank, estimate vs measured, on memfit's pinned releases (the rows
@@ -121,4 +133,5 @@ def framework_groups() -> dict:
     return {"framework:litgpt": litgpt_group(), "framework:torchtune": torchtune_group(),
             "framework:torchtune-distributed": torchtune_distributed_group(),
             "framework:litgpt-distributed": litgpt_distributed_group(), "framework:qwen1": qwen1_group(),
-            "framework:glm4": glm4_group(), "framework:hf-trainer-fsdp": accelerate_fsdp_group()}
+            "framework:glm4": glm4_group(), "framework:hf-trainer-fsdp": accelerate_fsdp_group(),
+            "framework:verl": verl_workers_group()}

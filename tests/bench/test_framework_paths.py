@@ -51,9 +51,15 @@ def test_hf_trainer_fsdp_is_within_5_percent_of_accelerate_run_on_2_ranks():
     assert g["rows"] >= 14 and g["median_abs_pct_error"] <= 1.0 and g["max_abs_pct_error"] <= 5.0, g
 
 
+def test_verl_is_within_5_percent_of_its_own_engine_on_2_ranks():
+    g = framework_paths.verl_workers_group()
+    assert g["rows"] >= 4 and g["max_abs_pct_error"] <= 5.0, g
+    assert g["versions"]["verl"] == "0.9.1", "re-measure: python bench/verl_workers.py --save"
+
+
 def test_accuracy_reports_the_framework_groups():
     import accuracy
 
     groups = accuracy.group_summaries([])
     assert {"framework:litgpt", "framework:torchtune", "framework:torchtune-distributed",
-            "framework:qwen1", "framework:glm4", "framework:hf-trainer-fsdp"} <= set(groups)
+            "framework:qwen1", "framework:glm4", "framework:hf-trainer-fsdp", "framework:verl"} <= set(groups)
