@@ -289,7 +289,7 @@ def _attention_kernel(values: dict, model: ModelSpec, typed: bool, given: bool,
     from a profile's default, eager (transformers' own fallback); from a file, eager and a warning that
     transformers refuses the file's choice at load. Returns the values and assumptions anew."""
     kernel = values.get("attention")
-    if {"sdpa": model.has_sdpa, "flash": model.has_flash}.get(kernel, True):
+    if kernel is None or {"sdpa": model.has_sdpa, "flash": model.has_flash}.get(kernel, True):
         return values, assumed
     valid = ", ".join(k for k, ok in (("eager", True), ("sdpa", model.has_sdpa), ("flash", model.has_flash)) if ok)
     why = f"transformers {pinned()['transformers']} has no {kernel} attention for {model.arch} models"

@@ -112,7 +112,7 @@ class Scenario(ScenarioFields):
                  "offload ratio needs optimizer offload; add --offload-optimizer cpu")
         _require(self.offload_param == "none" or self.zero_stage == 3,
                  "DeepSpeed rejects offload_param outside ZeRO-3 (parameter offload is a stage-3 feature); use --zero 3")
-        _require(self.offload_optimizer == "none" or self.zero_stage > 0,
+        _require(self.offload_optimizer == "none" or (self.zero_stage or 0) > 0,
                  "DeepSpeed rejects offload_optimizer with ZeRO-0 (offload needs stage 1, 2 or 3)")
 
     def _check_combinations(self) -> None:
@@ -146,7 +146,7 @@ class Scenario(ScenarioFields):
     @property
     def steps_in_backward(self) -> bool:
         """optimizer_in_backward where it acts (the knob table's `needs`: full fine-tuning)."""
-        return self.optimizer_in_backward and CONDITIONS[knobs()["optimizer_in_backward"].needs](self)
+        return self.optimizer_in_backward and CONDITIONS[knobs()["optimizer_in_backward"].needs or "full"](self)
 
     def trains_whole(self, module: str) -> bool:
         """Whether the embedding / output head trains: full tuning, or PEFT's modules_to_save."""

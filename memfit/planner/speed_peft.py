@@ -57,7 +57,7 @@ def _modules(tensors) -> dict[str, tuple[int, int, int, int]]:
         elif t.in_features:
             entry[0], entry[1] = t.in_features, t.out_features
         entry[3] += t.numel
-    return {k: tuple(v) for k, v in out.items()}
+    return {k: (v[0], v[1], v[2], v[3]) for k, v in out.items()}
 
 
 def adapter_work(s, constants: dict) -> AdapterWork:

@@ -69,9 +69,8 @@ def states(s, tensors: list[ParamTensor]) -> ModelStates:
     grads = sum(t.total * trainable_dtype_bytes(s, t) for t in trainable)
     optimizer, temps, paged = torch_optimizer(s, trainable)
     frozen = frozen_bytes(s, tensors)
-    if fsdp_units.shard_bytes(s):  # a framework that builds the model in fp32 shards it so (LitGPT under bf16-mixed)
-        frozen = sum(t.total * (quantized_bytes(s) if t.quantized else fsdp_units.shard_bytes(s))
-                     for t in tensors if not t.trainable)
+    if shard := fsdp_units.shard_bytes(s):  # a framework that builds the model in fp32 shards it so (LitGPT, bf16-mixed)
+        frozen = sum(t.total * (quantized_bytes(s) if t.quantized else shard) for t in tensors if not t.trainable)
     unit = int(_gathered_layer_bytes(s, tensors))  # one decoder layer unsharded
     ms = ModelStates(
         weights=int((frozen + grads) / n),
