@@ -334,6 +334,7 @@ class Ranking:
             return False
         hw = c.scenario.hardware
         e, o = c.judged, other.judged
+        assert e is not None and o is not None, "only estimated candidates are compared"
         device_gain = o.device_peak - e.device_peak
         host_gain = o.host_peak - e.host_peak
         return device_gain < MEMORY_TOLERANCE * hw.gpu.memory_bytes and (
@@ -371,7 +372,8 @@ def _margin(c: Candidate) -> int:
 def tie_groups(speeds: list[float]) -> list[int]:
     """Speeds sorted fastest first -> the tie group of each: a group is a fastest speed and every speed that
     ties with it (planner/throughput.py `tie_band`)."""
-    groups, leader = [], None
+    groups: list[int] = []
+    leader: float | None = None
     for v in speeds:
         if leader is None or v < leader * (1 - tie_band()):
             leader = v
