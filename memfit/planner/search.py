@@ -243,8 +243,8 @@ class Search:
 
     def upper_bound(self, k: StateKnobs) -> float:
         """tokens/s of the fastest activation setting: nothing with these model-state knobs is faster."""
-        speeds = [c.speed.tokens_per_second for c in (self.build(k, fastest(self.acts, loss))
-                                                      for loss in self.losses) if c is not None]
+        fastest_acts = [a for a in (fastest(self.acts, loss) for loss in self.losses) if a is not None]
+        speeds = [c.speed.tokens_per_second for c in (self.build(k, a) for a in fastest_acts) if c is not None]
         return max(speeds, default=0.0)
 
     def best_for(self, k: StateKnobs, floor: float = 0.0) -> Candidate | None:
