@@ -53,3 +53,12 @@ def test_each_field_has_its_knobs_type_choices_and_default():
 def test_scenario_has_exactly_the_written_fields():
     assert [f.name for f in dataclasses.fields(Scenario)] == [f.name for f in dataclasses.fields(ScenarioFields)]
     assert Scenario.__post_init__ is not ScenarioFields.__dict__.get("__post_init__")  # the rules run
+
+
+def test_a_stale_module_is_reported_and_rewritten(tmp_path, monkeypatch, capsys):
+    stale = tmp_path / "scenario_fields.py"
+    stale.write_text("# written before a knob was added\n")
+    monkeypatch.setattr(knob_source, "TARGET", stale)
+    assert knob_source.main([]) == 1 and "stale; run: python -m memfit.facts.knob_source --write" in capsys.readouterr().out
+    assert knob_source.main(["--write"]) == 0 and stale.read_text() == knob_source.source()
+    assert knob_source.main([]) == 0 and not list(tmp_path.glob("*.tmp"))

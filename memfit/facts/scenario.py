@@ -2,9 +2,9 @@
 
 The knobs are the fields of `Scenario`, declared once in the knob table (data/knobs.toml, memfit/facts/
 knobs.py) and written out with their types in scenario_fields.py (memfit/facts/knob_source.py writes it); this
-module adds the rules that tie knobs together. Importers and
-the command line build a Scenario (through memfit/facts/profiles.py::build_scenario); the estimate, the
-planner, the trace and the real-engine measurement read it. Nothing here computes memory.
+module adds the rules that tie knobs together. Importers and the command line build a Scenario (through
+memfit/facts/profiles.py::build_scenario); the estimate, the planner, the trace and the real-engine measurement
+read it. Nothing here computes memory.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from memfit.facts.hardware import Hardware
 from memfit.facts.knobs import CONDITIONS, knobs
 from memfit.facts.scenario_fields import ScenarioFields
 
-__all__ = ["Hardware", "ROLE_GROUPS", "Scenario"]
+__all__ = ["Hardware", "MODULES_TO_SAVE", "ROLE_GROUPS", "Scenario"]  # Hardware: facts/hardware.py, also here
 
 ROLE_GROUPS = ("actor", "ref", "critic", "reward")
 MODULES_TO_SAVE = ("embed_tokens", "lm_head")  # the model-level modules memfit's inventory names
