@@ -187,7 +187,7 @@ def _build_model(entry: dict, source: str) -> ModelSpec:
 
 @cache
 def models() -> tuple[ModelSpec, ...]:
-    out = []
+    out: list[ModelSpec] = []
     for path in sorted((HERE / "models").glob("*.toml")):
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -277,9 +277,10 @@ def _read_config(path: Path) -> dict:
 
 
 def _dotted(data: dict, key: str):
+    found: object = data
     for part in key.split("."):
-        data = data.get(part) if isinstance(data, dict) else None
-    return data
+        found = found.get(part) if isinstance(found, dict) else None
+    return found
 
 
 @cache

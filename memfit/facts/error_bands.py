@@ -116,7 +116,8 @@ def measured_band(kind: str) -> Band | None:
 
 @cache
 def widest() -> Band:
-    return max((measured_band(k) for k in table()["band"]), key=lambda b: (b.fraction, b.kind))
+    bands = [b for k in table()["band"] if (b := measured_band(k)) is not None]  # every row's kind is measured
+    return max(bands, key=lambda b: (b.fraction, b.kind))
 
 
 @cache

@@ -193,7 +193,8 @@ def _cached_count(snapshot: Path) -> int | None:
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     counts = [_header_count(snapshot / s) if (snapshot / s).is_file() else None for s in sorted(shards)]
-    return sum(counts) if shards and None not in counts else None
+    known = [c for c in counts if c is not None]
+    return sum(known) if shards and len(known) == len(counts) else None
 
 
 def _header_count(file: Path) -> int | None:

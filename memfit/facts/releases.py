@@ -72,7 +72,7 @@ def check_versions(versions: dict[str, str]) -> dict[str, str]:
 
 def completed(versions: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     """An older TRL names the transformers it ran with (`pairs_with`) when the user names none."""
-    out, notes = dict(versions), []
+    out, notes = dict(versions), list[str]()
     if "trl" not in out:
         return out, notes
     trl = release_range("trl", out["trl"])
@@ -92,7 +92,10 @@ def completed(versions: dict[str, str]) -> tuple[dict[str, str], list[str]]:
 def release_facts(profile: str, versions: tuple[tuple[str, str], ...], tuning: str = "full") -> ReleaseFacts:
     """What the given releases change for a run of `profile` that trains `tuning` (a range's `by_tuning` defaults:
     the recipe configs of that tuning)."""
-    defaults, methods, notes, fp32_logits = {}, {}, [], False
+    defaults: dict[str, tuple[object, str]] = {}
+    methods: dict[str, str] = {}
+    notes: list[str] = []
+    fp32_logits = False
     for name, version in versions:
         if name not in packages():
             notes.append(f"{name} {version}: memfit has no release facts for {name}; its pinned release "

@@ -30,7 +30,7 @@ class Runtime:
 
     def slack_share(self, tuning: str | None = None) -> float:
         """The allocator's reserve beyond allocated, as a share of the bytes a phase churns, for a run of `tuning`."""
-        return dict(self.slack_by_tuning).get(tuning, self.fragmentation_of_churn)
+        return dict(self.slack_by_tuning).get(tuning or "", self.fragmentation_of_churn)
 
     def with_values(self, values: dict, source: str) -> "Runtime":
         """These constants with `values` replaced (each checked: bytes are whole and >= 0, the slack a share). A

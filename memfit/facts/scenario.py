@@ -1,21 +1,24 @@
 """A training run described as plain, validated data: the model, the machine, and every knob.
 
 The knobs are the fields of `Scenario`, declared once in the knob table (data/knobs.toml, memfit/facts/
-knobs.py): this module builds the class from it and adds the rules that tie knobs together. Importers and
-the command line build a Scenario (through memfit/facts/profiles.py::build_scenario); the estimate, the
-planner, the trace and the real-engine measurement read it. Nothing here computes memory.
+knobs.py) and written out with their types in scenario_fields.py (memfit/facts/knob_source.py writes it); this
+module adds the rules that tie knobs together. Importers and the command line build a Scenario (through
+memfit/facts/profiles.py::build_scenario); the estimate, the planner, the trace and the real-engine measurement
+read it. Nothing here computes memory.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, make_dataclass, replace
+from dataclasses import dataclass, replace
 
 from memfit.errors import MemfitError
 from memfit.facts.adapters import adapter_methods, method_info, trains_adapters, wraps
-from memfit.facts.catalog import GpuSpec, ModelSpec
 from memfit.facts.engines import engine_of
 from memfit.facts.frameworks import autocast_over_fp32_gathers
-from memfit.facts.knobs import CONDITIONS, Knob, hardware, knobs
-from memfit.facts.runtime import Runtime, default_runtime
+from memfit.facts.hardware import Hardware
+from memfit.facts.knobs import CONDITIONS, knobs
+from memfit.facts.scenario_fields import ScenarioFields
+
+__all__ = ["Hardware", "MODULES_TO_SAVE", "ROLE_GROUPS", "Scenario"]  # Hardware: facts/hardware.py, also here
 
 ROLE_GROUPS = ("actor", "ref", "critic", "reward")
 MODULES_TO_SAVE = ("embed_tokens", "lm_head")  # the model-level modules memfit's inventory names
@@ -27,28 +30,14 @@ def _require(ok: bool, message: str) -> None:
 
 
 @dataclass(frozen=True)
-class Hardware:
-    gpu: GpuSpec
-    gpus_per_node: int = 1
-    nodes: int = 1
-    host_ram: int | None = None  # bytes per node; None = unknown, no host verdict
-    runtime: Runtime = field(default_factory=default_runtime)  # a machine profile's constants, or the defaults
+class Scenario(ScenarioFields):
+    """A run: `model`, `hardware`, every knob of data/knobs.toml as a field of the same name (typed in
+    scenario_fields.py, written from the table), the framework `profile` whose defaults filled the unset knobs,
+    the framework `releases` given ((package, version) pairs; empty = the pinned ones, data/releases.toml), what
+    was `assumed` (memfit/facts/assumptions.py records), and the memory-relevant settings of the user's files
+    that no reader could read (`unread`: each one line naming the setting; the verdict is then at most 'tight').
 
-    def __post_init__(self) -> None:
-        table = hardware()
-        for name in ("gpus_per_node", "nodes"):
-            table[name].check(getattr(self, name))
-        _require(self.gpu.memory_bytes > 0, f"GPU memory must be positive, got {self.gpu.memory_bytes}")
-        if self.host_ram is not None:
-            _require(self.host_ram > 0, f"{table['host_ram'].label} must be positive, got {self.host_ram}")
-
-    @property
-    def world_size(self) -> int:
-        return self.gpus_per_node * self.nodes
-
-
-class _Rules:
-    """What the knob table cannot say alone: the rules between knobs, and facts derived from them."""
+    What the knob table cannot say alone lives here: the rules between knobs, and facts derived from them."""
 
     def __post_init__(self) -> None:
         for k in knobs().values():
@@ -123,7 +112,7 @@ class _Rules:
                  "offload ratio needs optimizer offload; add --offload-optimizer cpu")
         _require(self.offload_param == "none" or self.zero_stage == 3,
                  "DeepSpeed rejects offload_param outside ZeRO-3 (parameter offload is a stage-3 feature); use --zero 3")
-        _require(self.offload_optimizer == "none" or self.zero_stage > 0,
+        _require(self.offload_optimizer == "none" or (self.zero_stage or 0) > 0,
                  "DeepSpeed rejects offload_optimizer with ZeRO-0 (offload needs stage 1, 2 or 3)")
 
     def _check_combinations(self) -> None:
@@ -157,7 +146,7 @@ class _Rules:
     @property
     def steps_in_backward(self) -> bool:
         """optimizer_in_backward where it acts (the knob table's `needs`: full fine-tuning)."""
-        return self.optimizer_in_backward and CONDITIONS[knobs()["optimizer_in_backward"].needs](self)
+        return self.optimizer_in_backward and CONDITIONS[knobs()["optimizer_in_backward"].needs or "full"](self)
 
     def trains_whole(self, module: str) -> bool:
         """Whether the embedding / output head trains: full tuning, or PEFT's modules_to_save."""
@@ -198,22 +187,3 @@ class _Rules:
 
     def with_changes(self, **changes) -> "Scenario":
         return replace(self, **changes)
-
-
-def _field(k: Knob):
-    return k.name, object, field(default=k.default)
-
-
-Scenario = make_dataclass(
-    "Scenario",
-    [("model", ModelSpec), ("hardware", Hardware), *(_field(k) for k in knobs().values()),
-     ("profile", str, field(default="hf-trainer")), ("releases", tuple, field(default=())),
-     ("assumed", tuple, field(default=(), compare=False)),
-     ("unread", tuple, field(default=(), compare=False))],
-    bases=(_Rules,), frozen=True)
-Scenario.__module__ = __name__
-Scenario.__doc__ = ("A run: `model`, `hardware`, every knob of data/knobs.toml as a field of the same name, the "
-                    "framework `profile` whose defaults filled the unset knobs, the framework `releases` given "
-                    "((package, version) pairs; empty = the pinned ones, data/releases.toml), what was `assumed`, and the "
-                    "memory-relevant settings of the user's files that no reader could read (`unread`: each one line "
-                    "naming the setting; the verdict is then at most 'tight').")

@@ -26,7 +26,7 @@ def release(text: str) -> str:
 
 def installed() -> dict[str, str | None]:
     """Package -> its installed release, or None when it is not installed."""
-    out = {}
+    out: dict[str, str | None] = {}
     for name in pinned():
         try:
             out[name] = version(name)

@@ -73,6 +73,7 @@ def write_files(writes: list[FileWrite], *, backup: bool = False) -> list[Writte
                 step = f"{t.write.path}: cannot save its backup"
                 t.backup = _save_backup(t.real, t.old, t.mode)
             step = f"{t.write.path}: cannot replace it"
+            assert t.temp is not None, "staged in the loop above"
             os.replace(t.temp, t.real)
             t.replaced = True
         for folder in {t.real.parent for t in todo}:

@@ -76,6 +76,10 @@ class Runner:
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(lambda q: tk.soft_claim(q.grad, "gradients", "device"))
 
+    def engine_forward(self, batch):
+        """The engine's own forward of a batch (an output with .loss): each subclass says it."""
+        raise NotImplementedError
+
     def forward(self, batch):
         return self.engine_forward(batch).loss
 

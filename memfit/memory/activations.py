@@ -7,6 +7,7 @@ Every term is "bytes per token" (or per token x key for attention scores) times 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from memfit.facts.adapters import bytes_of, facts_for, setup_name, wraps
 from memfit.facts.peft_shapes import layer_sizes
@@ -28,6 +29,8 @@ from memfit.facts.scenario import Scenario
 LIGER_CHUNK_ROUND = 2  # chunk rows are rounded to a power of two: at most 2x n_tok*h logits per chunk
 TRL_CHUNK_TOKENS = 256  # trl sft_trainer _CHUNKED_LM_HEAD_CHUNK_SIZE
 TORCHTUNE_CHUNKS = 8  # torchtune CEWithChunkedOutputLoss num_output_chunks
+
+Triple = tuple[int, int, int]  # _logits' three byte counts; a measured row (model_code, loss_tail) holds three
 
 
 @dataclass
@@ -429,13 +432,13 @@ def _logits(s: Scenario, n: int, v: int, b: int) -> tuple[int, int, int]:
     # traced on the framework's own model code and loss (its profile's [model_code])
     measured = model_code(s.profile).get({"chunked_output": "chunked_loss", "standard": "standard_loss"}.get(s.loss))
     if measured and lb == 2:
-        return tuple(int(n * v * x) for x in measured)
+        return cast(Triple, tuple(int(n * v * x) for x in measured))
     if s.loss == "chunked_output":
         c = -(-n // TORCHTUNE_CHUNKS)
         return n * v * (lb + 4) + c * v * up, n * v * 4, n * v * 4 + c * v * (8 + lb)
     cap = n * v * lb if s.model.logit_softcap else 0
     if s.loss == "inplace_ce" or transformers_release(s):  # measured per release and family (facts/loss_tail.py)
-        return tuple(int(n * v * x) + cap for x in loss_tail(s, lb))
+        return cast(Triple, tuple(int(n * v * x) + cap for x in loss_tail(s, lb)))
     # standard, on the pinned transformers (tests/trace/test_loss_tail.py checks it against the measured row):
     # bf16 logits + fp32 copy + fp32 log_softmax output; backward: saved log_softmax, the dense nll grad and the
     # log_softmax grad alive together. Soft-capped logits (Gemma 2) keep the tanh output for backward.

@@ -9,9 +9,10 @@ The weights: 1 byte each and an fp32 scale per output row (dtypes.int8_bytes).""
 from __future__ import annotations
 
 from memfit.dtypes import INT8_OUTLIER_SHARE
+from memfit.facts.scenario import Scenario
 
 
-def outlier_bytes(s) -> int:
+def outlier_bytes(s: Scenario) -> int:
     """fp16 bytes per token one layer's int8 Linears keep of their inputs' outlier columns (0 on another base)."""
     if s.tuning != "qlora" or s.quant_bits != 8:
         return 0

@@ -13,6 +13,7 @@ from memfit.facts.frameworks import model_code
 from memfit.facts.peft_shapes import layer_sizes
 from memfit.facts.releases import expert_lora
 from memfit.facts.catalog import ModelSpec
+from memfit.facts.scenario import Scenario
 
 # Which roles a Linear computes and its (in, out) widths; fused modules sum the outputs.
 ATTENTION_ROLES = ("q", "k", "v", "o")
@@ -358,12 +359,12 @@ def saved_copies(model: ModelSpec, tensors: list[ParamTensor], modules: tuple[st
 TRAINED_NORMS = ("norm0", "norm1", "final_norm")  # LitGPT adapter_filter: norm_1, norm_2, ln_f
 
 
-def prompt_adapter(s) -> dict:
+def prompt_adapter(s: Scenario) -> dict:
     """The [model_code.<tuning>] facts of a framework's own LLaMA-Adapter ({} under any other tuning)."""
     return model_code(s.profile).get(s.tuning, {}) if wraps(s.tuning) == "prompt_attention" else {}
 
 
-def prompt_adapter_tensors(s, frozen: list[ParamTensor]) -> list[ParamTensor]:
+def prompt_adapter_tensors(s: Scenario, frozen: list[ParamTensor]) -> list[ParamTensor]:
     """LitGPT's LLaMA-Adapter (adapter.py / adapter_v2.py): a prompt and per-head gates in every layer from the
     start layer on; v2 adds a scale and a bias to every Linear's output (the head's too) and trains the norms."""
     code, m = prompt_adapter(s), s.model
@@ -378,7 +379,7 @@ def prompt_adapter_tensors(s, frozen: list[ParamTensor]) -> list[ParamTensor]:
     return [t for t in out if t.count]
 
 
-def scenario_tensors(s) -> list[ParamTensor]:
+def scenario_tensors(s: Scenario) -> list[ParamTensor]:
     """The inventory of a scenario's model under its tuning."""
     tensors = tuned_tensors(s.model, s.tuning, s.lora_rank, s.lora_targets, s.dora, s.freeze_trainable_layers,
                             s.virtual_tokens, s.releases)

@@ -55,6 +55,7 @@ def _forward_loss_after_root(ms: ModelStates, act: Activations, runtime: int, mo
     """FSDP2 under a loop whose loss runs on the logits the model returned (torchtune): the largest of a layer
     running (its units and the root gathered), the output projection (the root gathered, the model's logits made)
     and the loss (only what the strategy keeps gathered)."""
+    assert ms.gathered_loss is not None  # the caller's condition
     parts = _static(ms, runtime, grads=ms.grads_between_steps)
     # a loop that keeps the previous step's logits until the next forward returns (LitGPT) has them while a layer runs
     moments = [dict(parts, weights=parts["weights"] + ms.gathered_forward, logits_loss=act.logits_kept,
@@ -86,6 +87,7 @@ def _backward(ms: ModelStates, act: Activations, runtime: int, head_grads: int, 
         start.update(gradients=ms.grads_between_steps + head_grads, logits_loss=act.logits_grad)
     sharded = base["weights"] - ms.gathered_backward
     if ms.gathered_backward_start is not None:  # the loss backward runs before the root's pre-backward gathers it
+        assert ms.gathered_loss is not None  # FSDP2 sets both (states/fsdp.py)
         start = max((dict(start, weights=sharded + ms.gathered_loss + saved_casts, gradients=ms.grads_between_steps,
                           logits_loss=act.logits_backward_peak),
                      dict(start, weights=sharded + ms.gathered_backward_start + saved_casts,

@@ -17,6 +17,7 @@ scales each into a new tensor beside the kept one. In the forward one buffer hol
   accumulator.
 """
 from __future__ import annotations
+from memfit.facts.scenario import Scenario
 
 MIB, GIB = 1024 ** 2, 1024 ** 3
 BUDGET = 2 * GIB  # _CHUNK_GB = 2.0 (UNSLOTH_LOGPROB_CHUNK_GB); half the free memory is rarely less
@@ -43,13 +44,13 @@ def chunk_rows(n: int, h: int, v: int) -> int:
     return max(min(rows, max(n, 1)), 1)
 
 
-def _tiled(s, n: int, v: int, head_trains: bool) -> bool:
+def _tiled(s: Scenario, n: int, v: int, head_trains: bool) -> bool:
     gpu = s.hardware.gpu
     return (s.compute_bytes == 2 and not head_trains and gpu.compute_capability >= 8.0
             and -(-v // SPLIT_COLS) > 2 and (gpu.memory_bytes <= SMALL_CARD or n >= MAX_ROWS))
 
 
-def loss_terms(s, n: int, v: int, b: int, head_bytes: int) -> tuple[int, int, int]:
+def loss_terms(s: Scenario, n: int, v: int, b: int, head_bytes: int) -> tuple[int, int, int]:
     """(forward peak, saved after forward, backward peak) of the loss over `n` rows, like memory/activations.py's
     other losses; `b` the hidden states' bytes, `head_bytes` a trained head's (0: frozen)."""
     h = s.model.hidden_size

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memfit.facts.frameworks import model_code
+from memfit.facts.scenario import Scenario
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class Offload:
     device: int  # bytes on the GPU beside the saved activations: the last layer's input, the staging buffers
 
 
-def unsloth_offload(s, checkpoint: int, layers: int) -> Offload | None:
+def unsloth_offload(s: Scenario, checkpoint: int, layers: int) -> Offload | None:
     """Where unsloth keeps `layers` checkpointed layer inputs of `checkpoint` bytes each; None when the run is not
     unsloth's own offloading, an Offload with no host bytes when it offloads nothing (the inputs stay saved)."""
     code = model_code(s.profile).get("offload")

@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import time
+from typing import Literal
 
 from memfit.breakdown import PHASES
 from memfit.monitor import probes
@@ -73,18 +74,18 @@ class MemoryMonitor:
         self.errors = 0
         self.lines = 0
         self.monitor_seconds = 0.0  # time spent inside step(): the bench divides it by the step time
-        self.file = None
-        self._fd = None
+        self.file: str | None = None
+        self._fd: int | None = None
         self._steps = 0
-        self._last = None
-        self._host = None
-        self._phases = None  # PhaseClock, made at start
+        self._last: float | None = None
+        self._host: probes.HostReader | None = None
+        self._phases: PhaseClock | None = None  # made at start
 
     def __enter__(self):
         self.start()
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> Literal[False]:
         self.close()
         return False  # the training loop's own exception goes on up
 
@@ -136,6 +137,7 @@ class MemoryMonitor:
             if self._fd is None:
                 return
         self._steps += 1
+        assert self._last is not None and self._phases is not None, "start() set them with the file"
         seconds, self._last = begin - self._last, begin
         self._phases.mark(None)  # the phase running now ends with the step
         if self._steps % self.every == 0:
@@ -143,9 +145,10 @@ class MemoryMonitor:
         self.monitor_seconds += time.perf_counter() - begin
 
     def _sample(self, step: int, seconds: float, tokens: int | None) -> dict:
-        line = {"schema": SCHEMA, "rank": self.rank, "world_size": self.world_size, "step": step,
-                "time": time.time(), "step_seconds": round(seconds, 6), "tokens": tokens}
-        clock = self._phases
+        line: dict[str, object] = {"schema": SCHEMA, "rank": self.rank, "world_size": self.world_size, "step": step,
+                                   "time": time.time(), "step_seconds": round(seconds, 6), "tokens": tokens}
+        clock, host = self._phases, self._host
+        assert clock is not None and host is not None, "start() makes them before the first step"
         if self.cuda:
             cuda = probes.cuda_sample()
             # phase marks reset torch's peak: the step's peak is also the highest one read at a mark
@@ -154,18 +157,19 @@ class MemoryMonitor:
         else:
             # the CPU is the device: malloc's bytes in use are the live tensors; the peak is the RSS high-water
             # mark (there is no allocator peak to read), and nothing is "reserved" as on CUDA
-            allocated = self._host.malloc_in_use()
-            peak = clock.with_window(self._host.peak_rss(reset=self.cpu_step_peaks), per_step=self.cpu_step_peaks)
+            allocated = host.malloc_in_use()
+            peak = clock.with_window(host.peak_rss(reset=self.cpu_step_peaks), per_step=self.cpu_step_peaks)
             line.update(device_kind="cpu", allocated_bytes=allocated, reserved_bytes=None,
                         peak_allocated_bytes=None, allocated_source="malloc" if allocated is not None else None,
                         host_peak_rss_bytes=peak)
-        line.update(device_total_bytes=self.device_total, host_rss_bytes=self._host.rss())
+        line.update(device_total_bytes=self.device_total, host_rss_bytes=host.rss())
         peaks = clock.take()
         if peaks:
             line["phase_peaks"] = peaks
         return line
 
     def _write(self, line: dict) -> None:
+        assert self._fd is not None, "only an open monitor writes"
         data = (_ENCODE(line) + "\n").encode()
         while data:  # one write per line; the loop only matters if the OS writes part of it
             data = data[os.write(self._fd, data):]
@@ -200,6 +204,6 @@ class _PhaseMark:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> Literal[False]:
         self.mon.end_phase()
         return False

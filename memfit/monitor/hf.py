@@ -25,7 +25,7 @@ from memfit.monitor.core import MemoryMonitor
 class MemoryMonitorCallback(TrainerCallback):
     def __init__(self, path, rank: int | None = None, every: int = 1):
         self.monitor = MemoryMonitor(path, rank=rank, every=every)
-        self._tokens = None
+        self._tokens: int | None = None
         self._hook = None
         self._end_hook = None
 

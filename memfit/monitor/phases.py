@@ -49,7 +49,7 @@ class PhaseClock:
         if peak is None or seen is None:
             return peak if seen is None else seen
         if not per_step:
-            self.ever = max(self.ever, peak)
+            self.ever = max(seen, peak)  # seen is self.ever here
         return max(peak, seen)
 
     def take(self) -> dict[str, int]:

@@ -43,7 +43,7 @@ class HostReader:
         self._malloc = _mallinfo2()
         self._statm = _open("/proc/self/statm")
         self._proc_status = _open("/proc/self/status")
-        self._hwm = (None, -1.0)  # (bytes, when read)
+        self._hwm: tuple[int | None, float] = (None, -1.0)  # (bytes, when read)
         self._psutil = None
         if self._statm is None:
             try:
@@ -146,7 +146,7 @@ def cuda_total_bytes() -> int | None:
 
         pynvml.nvmlInit()
         p = torch.cuda.get_device_properties(device)
-        bus = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+        bus = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"  # type: ignore[attr-defined]
         return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByPciBusId(bus)).total)
     except Exception:
         pass

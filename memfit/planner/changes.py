@@ -64,8 +64,9 @@ def code_edit(search: Search, name: str, s: Scenario) -> CodeEdit | None:
     if name not in search.opts["edited"]:
         return None
     where = search.opts["code_edits"]
-    values = {"pin_memory": [("pin_memory", s.pin_memory)],
-              "ratio": [("ratio", s.ratio), ("sub_group_size", s.sub_group_size)]}[name]
+    edits: dict[str, list[tuple[str, object]]] = {
+        "pin_memory": [("pin_memory", s.pin_memory)], "ratio": [("ratio", s.ratio), ("sub_group_size", s.sub_group_size)]}
+    values = edits[name]
     return CodeEdit(where["file"], where["function"], tuple((where[key], value) for key, value in values))
 
 

@@ -43,8 +43,10 @@ class Layout:
     @property
     def level(self) -> Sharding:
         if self.engine == "deepspeed":
+            assert self.zero_stage is not None, "a DeepSpeed layout has its ZeRO stage"
             return STAGE_SHARDING[self.zero_stage]
         if self.engine == "fsdp":
+            assert self.fsdp_strategy is not None, "an FSDP layout has its sharding strategy"
             return STRATEGY_SHARDING[self.fsdp_strategy]
         return Sharding.NONE
 
@@ -88,13 +90,14 @@ def several_models(s: Scenario) -> bool:
 
 
 @cache
-def names(cls) -> tuple[str, ...]:
+def names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in fields(cls))
 
 
-def changed(bk, k) -> list[str]:
+def changed(bk: object, k: object) -> list[str]:
     """The knobs (axes) of k that differ from bk."""
-    return [n for n in names(type(k)) if getattr(bk, n) != getattr(k, n)]
+    axes = names(type(k))  # type: ignore[arg-type]  # mypy does not count a class object as Hashable
+    return [n for n in axes if getattr(bk, n) != getattr(k, n)]
 
 
 def config_of(s: Scenario) -> dict:
@@ -155,6 +158,7 @@ class Builder:
         """The DeepSpeed knobs of a ZeRO layout: the user's where they have DeepSpeed, else the defaults the
         framework's "auto" gives; offload, ratio and pin_memory from the planned knobs."""
         b, stage = self.base, k.sharding.zero_stage
+        assert stage is not None, "a ZeRO layout has its stage"
         if b.engine == "deepspeed":
             ds = {name: getattr(b, name) for name in DEEPSPEED_KNOBS}
             ds |= {"offload_optimizer": "none", "offload_param": "none", "ratio": 1.0}

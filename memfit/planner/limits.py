@@ -81,7 +81,7 @@ def cap_of(s: Scenario, knob: str) -> int:
 
 def probe(s: Scenario, knob: str, value: int, resume: bool = True) -> Probe:
     try:
-        run = replace(s, **{knob: value})
+        run = s.with_changes(**{knob: value})
         e = estimate(run)
     except MemfitError as err:  # a value the scenario's rules refuse counts as not fitting, with the reason
         return Probe(value, "refused", False, message=str(err))

@@ -56,6 +56,7 @@ class PlanRow:
 
 def row(c: Candidate, changes: tuple[Change, ...]) -> PlanRow:
     e = c.judged
+    assert e is not None, "a row is made of an estimated candidate"
     return PlanRow(scenario=c.scenario, verdict=e.verdict, device_peak_bytes=e.device_peak,
                    headroom_bytes=e.margin, host_peak_bytes=e.host_peak, host_headroom_bytes=e.host_margin,
                    tokens_per_second=c.speed.tokens_per_second, step_seconds=c.speed.seconds, changes=changes,
@@ -132,7 +133,7 @@ def closest_miss(base: Scenario, allow: set[str] | None = None, global_batch: in
                     continue
                 e = search.estimate(c)
                 short = max(-e.margin / hw.gpu.memory_bytes,
-                            -e.host_margin / hw.host_ram if e.host_margin is not None else 0.0)
+                            -e.host_margin / hw.host_ram if e.host_margin is not None and hw.host_ram else 0.0)
                 if best_short is None or short < best_short:
                     best, best_short = c, short
     return row(best, measure(search, best, {})) if best else None

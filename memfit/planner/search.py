@@ -243,8 +243,8 @@ class Search:
 
     def upper_bound(self, k: StateKnobs) -> float:
         """tokens/s of the fastest activation setting: nothing with these model-state knobs is faster."""
-        speeds = [c.speed.tokens_per_second for c in (self.build(k, fastest(self.acts, loss))
-                                                      for loss in self.losses) if c is not None]
+        fastest_acts = [a for a in (fastest(self.acts, loss) for loss in self.losses) if a is not None]
+        speeds = [c.speed.tokens_per_second for c in (self.build(k, a) for a in fastest_acts) if c is not None]
         return max(speeds, default=0.0)
 
     def best_for(self, k: StateKnobs, floor: float = 0.0) -> Candidate | None:
@@ -334,6 +334,7 @@ class Ranking:
             return False
         hw = c.scenario.hardware
         e, o = c.judged, other.judged
+        assert e is not None and o is not None, "only estimated candidates are compared"
         device_gain = o.device_peak - e.device_peak
         host_gain = o.host_peak - e.host_peak
         return device_gain < MEMORY_TOLERANCE * hw.gpu.memory_bytes and (
@@ -371,7 +372,8 @@ def _margin(c: Candidate) -> int:
 def tie_groups(speeds: list[float]) -> list[int]:
     """Speeds sorted fastest first -> the tie group of each: a group is a fastest speed and every speed that
     ties with it (planner/throughput.py `tie_band`)."""
-    groups, leader = [], None
+    groups: list[int] = []
+    leader: float | None = None
     for v in speeds:
         if leader is None or v < leader * (1 - tie_band()):
             leader = v

@@ -105,7 +105,7 @@ def role_variants(k: StateKnobs, bk: StateKnobs, opts: dict, facts: dict, s: Sce
     """The several-model knobs tried with these model-state knobs, each only where it acts (docs/knobs.md E):
     reference / reward offload under ZeRO-3, vLLM memory and sleep with a generator (sleep only when all
     models are colocated), DeepSpeed sleep without Adam offload (OpenRLHF makes it a no-op then)."""
-    def both(name: str, acts: bool) -> list:
+    def both(name: str, acts: object) -> list:  # acts: anything truthy (an option's value)
         return unique([getattr(bk, name), not getattr(bk, name)]) if acts else [getattr(bk, name)]
 
     zero3, gen = k.sharding == ZERO3, bool(facts.get("generator"))

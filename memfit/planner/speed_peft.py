@@ -28,6 +28,7 @@ from functools import cache
 
 from memfit.facts.adapters import wraps
 from memfit.facts.catalog import ModelSpec
+from memfit.facts.scenario import Scenario
 from memfit.memory.inventory import tuned_tensors
 
 BOFT_BLOCK = 4  # PEFT's default boft_block_size (memfit/facts/data/peft.toml)
@@ -57,10 +58,10 @@ def _modules(tensors) -> dict[str, tuple[int, int, int, int]]:
         elif t.in_features:
             entry[0], entry[1] = t.in_features, t.out_features
         entry[3] += t.numel
-    return {k: tuple(v) for k, v in out.items()}
+    return {k: (v[0], v[1], v[2], v[3]) for k, v in out.items()}
 
 
-def adapter_work(s, constants: dict) -> AdapterWork:
+def adapter_work(s: Scenario, constants: dict) -> AdapterWork:
     return _work(s.model, s.tuning, s.lora_rank, s.lora_targets, s.dora, s.lora_dropout > 0, s.releases,
                  constants["backward_per_forward"], constants["weight_bytes_per_element"])
 
@@ -102,6 +103,6 @@ def _work(model: ModelSpec, tuning: str, rank: int, targets: tuple, dora: bool, 
                        weight_bytes * (1 + backward_per_forward))
 
 
-def virtual_tokens(s) -> int:
+def virtual_tokens(s: Scenario) -> int:
     """Tokens a prompt method prepends to every row (they run through every layer, and count as no data)."""
     return s.virtual_tokens if wraps(s.tuning) == "virtual_tokens" else 0

@@ -8,7 +8,7 @@ fits so the crossing of the capacity line is on the chart. This module never pri
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from memfit.errors import MemfitError
 from memfit.facts.scenario import Scenario
@@ -58,7 +58,7 @@ def ladder(knob: str, current: int, largest_fitting: int | None, cap: int) -> li
 
 def point(s: Scenario, knob: str, value: int) -> SweepPoint:
     try:
-        e = estimate(replace(s, **{knob: value}))
+        e = estimate(s.with_changes(**{knob: value}))
     except MemfitError as err:  # the scenario's rules refuse this value: a gap in the line, with the reason
         return SweepPoint(value, "refused", None, str(err))
     return SweepPoint(value, e.verdict, e.device_total.peak.total)

@@ -68,9 +68,10 @@ class RunCost:
         out = {"tokens": self.tokens, "seconds": round(self.seconds, 1),
                "seconds_band": [round(self.seconds / b.high, 1), round(self.seconds / b.low, 1)],
                "gpu_hours": round(self.gpu_hours, 2)}
-        if self.price_per_gpu_hour is not None:
-            out |= {"price_per_gpu_hour": self.price_per_gpu_hour, "cost": round(self.cost, 2),
-                    "cost_band": [round(self.cost / b.high, 2), round(self.cost / b.low, 2)]}
+        cost = self.cost
+        if cost is not None:  # a price per GPU-hour was given
+            out |= {"price_per_gpu_hour": self.price_per_gpu_hour, "cost": round(cost, 2),
+                    "cost_band": [round(cost / b.high, 2), round(cost / b.low, 2)]}
         return out
 
 

@@ -9,6 +9,7 @@ its own; verl.py: verl's hybrid engine). The Estimate's top-level profiles are t
 """
 from __future__ import annotations
 
+from memfit.facts.assumptions import Assumption, from_source
 from memfit.facts.catalog import ModelSpec
 from memfit.facts.error_bands import band_of
 from memfit.facts.methods import method_facts, run_methods, several_models
@@ -52,9 +53,10 @@ def estimate(s: Scenario) -> Estimate:
         groups=placement.groups, worst_group=worst.name, drivers=placement.drivers,
         gpus_needed=placement.gpus_needed, band_kind=band.kind, band_fraction=fraction,
         oom_chance=band.oom_chance(worst.margin_bytes, worst.peak),
-        assumptions=_method_assumptions(s) + _model_assumptions(s.model) + _kernel_assumptions(s) + list(s.assumed)
-        + notes + placement.notes + [band.describe(worst.peak)] + _unread_assumptions(s.unread)
-        + _paged_assumptions(worst))
+        assumptions=from_source(_method_assumptions(s), "method") + from_source(_model_assumptions(s.model), "catalog")
+        + from_source(_kernel_assumptions(s), "catalog") + from_source(s.assumed, "config")
+        + from_source(notes + placement.notes, "method") + [Assumption(band.describe(worst.peak), "memfit")]
+        + from_source(_unread_assumptions(s.unread), "config") + from_source(_paged_assumptions(worst), "memfit"))
 
 
 def _paged_assumptions(group) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memfit.breakdown import Breakdown, PhaseProfile
+from memfit.facts.assumptions import records
 from memfit.facts.scenario import Scenario
 from memfit.roles.groups import GpuGroup
 
@@ -109,4 +110,5 @@ class Estimate:
             "gpu_groups": [g.to_json(self.band_fraction) for g in self.groups],
             "drivers": dict(self.drivers),
             "assumptions": list(self.assumptions),
+            "assumption_records": records(self.assumptions),  # the same, each with its knob, value and source
         }

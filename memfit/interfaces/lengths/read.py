@@ -14,9 +14,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from memfit.errors import MemfitError
 from memfit.facts import hub
+
+if TYPE_CHECKING:  # text.py is imported on the first raw-text row only
+    from memfit.interfaces.lengths.text import TextCounter
 
 _ROW_KEYS = ("length", "input_ids")
 _PAIR_KEYS = (("chosen_length", "rejected_length"), ("chosen_input_ids", "rejected_input_ids"))
@@ -156,7 +160,8 @@ class _RowReader:
     """One row's length; the tokenizer is loaded on the first raw-text row only."""
 
     def __init__(self, path: str, model):
-        self.path, self.model, self.counter = path, model, None
+        self.path, self.model = path, model
+        self.counter: TextCounter | None = None  # loaded on the first raw-text row
 
     def length(self, where: str, row: dict) -> tuple[int, bool]:
         for chosen, rejected in _PAIR_KEYS:

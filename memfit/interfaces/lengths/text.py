@@ -111,7 +111,11 @@ def _chat(folder: Path | None, where: str) -> Callable[[list], int]:
     if not getattr(tok, "chat_template", None):
         raise MemfitError(f"{where}: conversations need the model's chat template, and {folder} has none (no "
                           "chat_template in tokenizer_config.json or chat_template.jinja)")
-    return lambda messages: len(tok.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"])
+
+    def count(messages) -> int:  # return_dict=True gives a mapping; transformers annotates every form it returns
+        return len(tok.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"])  # type: ignore[call-overload, index]
+
+    return count
 
 
 def _first_line(e: Exception) -> str:

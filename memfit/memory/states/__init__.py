@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from memfit.facts.adapters import adapter_methods, method_info
 from memfit.facts.frameworks import model_code, torchtune_builder
+from memfit.facts.scenario import Scenario
 from memfit.memory.inventory import ParamTensor
 from memfit.memory.states import deepspeed, fsdp, plain
 from memfit.memory.states.common import HostBuffer, ModelStates, trainable_dtype_bytes
@@ -13,7 +14,7 @@ BY_ENGINE = {"single": plain, "ddp": plain, "deepspeed": deepspeed, "fsdp": fsdp
 __all__ = ["HostBuffer", "ModelStates", "frozen_copy", "model_states", "trainable_dtype_bytes"]
 
 
-def model_states(s, tensors: list[ParamTensor]) -> ModelStates:
+def model_states(s: Scenario, tensors: list[ParamTensor]) -> ModelStates:
     ms = BY_ENGINE[s.engine].states(s, tensors)
     ms.weights += rope_cache_bytes(s)
     copies = method_info(s.tuning).get("state_copies", 0) if s.tuning in adapter_methods() else 0
@@ -25,7 +26,7 @@ def model_states(s, tensors: list[ParamTensor]) -> ModelStates:
     return ms
 
 
-def rope_cache_bytes(s) -> int:
+def rope_cache_bytes(s: Scenario) -> int:
     """A framework whose model keeps a RoPE cos/sin table as a buffer (torchtune: max_seq_len positions, fp32; its
     profile's [model_code]); no engine shards buffers."""
     code = model_code(s.profile)
@@ -38,7 +39,7 @@ def rope_cache_bytes(s) -> int:
     return positions * s.model.head_dim * per_position * (s.model.num_layers if lora_per_layer else 1)
 
 
-def frozen_copy(s, tensors: list[ParamTensor], offload: bool) -> tuple[str, int, int, int, list[str]]:
+def frozen_copy(s: Scenario, tensors: list[ParamTensor], offload: bool) -> tuple[str, int, int, int, list[str]]:
     """How a frozen model (reference, reward) sits beside the trained one under this engine: (placement in
     words, resident bytes per GPU, bytes gathered while a layer runs, offloaded host bytes per rank, notes)."""
     return BY_ENGINE[s.engine].frozen_copy(s, tensors, offload)

@@ -34,23 +34,24 @@ from __future__ import annotations
 
 from memfit.facts.releases import release_range
 from memfit.facts.versions import pinned
+from memfit.facts.scenario import Scenario
 from memfit.memory.activations import residual_bytes
 from memfit.memory.inventory import ParamTensor
 from memfit.memory.states import fsdp_units
 from memfit.memory.states.common import ModelStates, quantized_bytes, trainable_dtype_bytes
 
 
-def _gathered(s, t: ParamTensor) -> float:
+def _gathered(s: Scenario, t: ParamTensor) -> float:
     """Bytes of a gathered parameter: packed if quantized, the adapters' dtype, else the gathered dtype."""
     return quantized_bytes(s) if t.quantized else s.adapter_bytes if t.kind == "lora" else fsdp_units.gathered_bytes(s)
 
 
-def _reduce_bytes(s, t: ParamTensor) -> int:
+def _reduce_bytes(s: Scenario, t: ParamTensor) -> int:
     """A reduce-scatter input element: fp32 under a mixed policy, else the gradient's own dtype."""
     return 4 if s.precision.endswith("mixed") else trainable_dtype_bytes(s, t)
 
 
-def _own_unit(s, t: ParamTensor) -> bool:
+def _own_unit(s: Scenario, t: ParamTensor) -> bool:
     """A LoRA Linear under FSDP1: PEFT's fsdp_auto_wrap_policy (transformers' update_fsdp_plugin_peft) makes each
     trainable leaf module its own unit, gathered only while it runs, its flat gradient its one gradient."""
     return s.fsdp_version == 1 and t.kind == "lora" and t.name.endswith((".lora_A", ".lora_B"))
@@ -79,7 +80,7 @@ class _Sizes:
         self.apart_grads = sum(t.total * trainable_dtype_bytes(s, t) for t in apart) / layers
 
 
-def _fsdp1(s, z: _Sizes, ms: ModelStates, n: int) -> None:
+def _fsdp1(s: Scenario, z: _Sizes, ms: ModelStates, n: int) -> None:
     root, layer = int(z.root), int(z.layer)
     ms.gathered_forward = root + layer  # forward_prefetch off (accelerate's and TrainingArguments' default)
     ms.gathered_loss = ms.gathered_head = ms.gathered_backward_start = root
@@ -95,7 +96,7 @@ def _fsdp1(s, z: _Sizes, ms: ModelStates, n: int) -> None:
     ms.gathered_end = root if root_grads else 0
 
 
-def _fsdp2(s, z: _Sizes, ms: ModelStates, n: int) -> None:
+def _fsdp2(s: Scenario, z: _Sizes, ms: ModelStates, n: int) -> None:
     layer = int(z.layer)
     tied = s.model.tie_embeddings
     kept = int(z.root) if tied else 0  # the tail unit with the tied embedding: gathered from forward's start
@@ -118,7 +119,7 @@ def _fsdp2(s, z: _Sizes, ms: ModelStates, n: int) -> None:
         ms.gathered_end = 0 if ms.last_reduce else 2 * int(z.embedding)
 
 
-def _tied(s, z: _Sizes, ms: ModelStates, n: int) -> None:
+def _tied(s: Scenario, z: _Sizes, ms: ModelStates, n: int) -> None:
     """A trained embedding tied to the head, still gathered as its backward ends: the head's gradient and the
     embedding's are summed out of place (plain.py's three V x H gradients), every layer's shard already reduced, the
     unit holding the tied weight gathered (FSDP2: beside the first layer's all-gather output)."""
@@ -127,13 +128,13 @@ def _tied(s, z: _Sizes, ms: ModelStates, n: int) -> None:
     ms.gathered_end = int(z.root) + (int(z.layer) if s.fsdp_version == 2 else 0)
 
 
-def _checkpointed_from_loop(s) -> bool:
+def _checkpointed_from_loop(s: Scenario) -> bool:
     """The run's transformers checkpoints this family's layers from the model's loop (data/releases.toml)."""
     version = dict(s.releases).get("transformers") or pinned()["transformers"]
     return s.model.arch in release_range("transformers", version).get("checkpoint_from_loop", ())
 
 
-def _reentrant_inputs_held(s, tensors: list[ParamTensor]) -> int:
+def _reentrant_inputs_held(s: Scenario, tensors: list[ParamTensor]) -> int:
     """The inputs of the layers above the first, and their gradients, held by FSDP1's reshard-only hooks when the
     first layer runs its backward (the module docstring): the layers' units frozen, each recomputed by reentrant
     checkpointing from the model's loop."""
@@ -146,7 +147,7 @@ def _reentrant_inputs_held(s, tensors: list[ParamTensor]) -> int:
     return 2 * max(layers - 1, 0) * layer_input
 
 
-def apply(s, tensors: list[ParamTensor], ms: ModelStates, n: int) -> None:
+def apply(s: Scenario, tensors: list[ParamTensor], ms: ModelStates, n: int) -> None:
     if s.world_size < 2 or s.fsdp_strategy != "full_shard":
         return
     z = _Sizes(s, tensors)

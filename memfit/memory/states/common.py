@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from memfit.dtypes import FP8_BLOCK_BYTES, GPTQ_BYTES_PER_GROUP_OF_128, NF4_BYTES, NF4_DQ_BYTES, int8_bytes, pow2_ceil
 from memfit.memory.inventory import ParamTensor
+from memfit.facts.scenario import Scenario
 
 # bitsandbytes 8-bit Adam: 1 B per state x 2 states, plus an fp32 absmax per 256-element block each.
 ADAM8BIT_BYTES = 2 + 2 * 4 / 256
@@ -101,7 +102,7 @@ def largest_module(tensors: list[ParamTensor]) -> int:
     return max((t.numel for t in tensors), default=0)
 
 
-def quantized_bytes(s) -> float:
+def quantized_bytes(s: Scenario) -> float:
     if s.model.quantization == "gptq-int4":
         return GPTQ_BYTES_PER_GROUP_OF_128
     if s.model.quantization == "fp8":
@@ -111,7 +112,7 @@ def quantized_bytes(s) -> float:
     return NF4_DQ_BYTES if s.double_quant else NF4_BYTES
 
 
-def frozen_bytes(s, tensors: list[ParamTensor]) -> float:
+def frozen_bytes(s: Scenario, tensors: list[ParamTensor]) -> float:
     """Bytes of frozen weights: 4-bit storage for quantized linears, compute dtype for the rest."""
     fp32 = s.precision == "fp32" or s.kbit_upcast and s.tuning == "qlora" or s.frozen_fp32_in_module
     frozen_dtype = 4 if fp32 else s.compute_bytes
@@ -123,21 +124,21 @@ def frozen_bytes(s, tensors: list[ParamTensor]) -> float:
     return sum(t.total * dtype(t) for t in tensors if not t.trainable)
 
 
-def trainable_dtype_bytes(s, t: ParamTensor) -> int:
+def trainable_dtype_bytes(s: Scenario, t: ParamTensor) -> int:
     """dtype of a trainable tensor as it lives in the module (outside DeepSpeed)."""
     if t.kind == "lora":
         return s.adapter_bytes
     return 2 if s.precision.endswith("pure") else 4
 
 
-def layer_elements(s, tensors: list[ParamTensor]) -> int:
+def layer_elements(s: Scenario, tensors: list[ParamTensor]) -> int:
     """Elements of one decoder layer (the FSDP / ZeRO-3 gather unit), or the largest module outside them."""
     layers = max(s.model.num_layers, 1)
     per_layer = sum(t.total for t in tensors if t.per_layer) // layers
     return max(per_layer, largest_module([t for t in tensors if not t.per_layer]))
 
 
-def partition_order(s, tensors: list[ParamTensor]) -> list[int]:
+def partition_order(s: Scenario, tensors: list[ParamTensor]) -> list[int]:
     """Parameter sizes in module order: embeddings, each decoder layer's tensors, then the rest."""
     head = [t.numel for t in tensors if not t.per_layer and t.kind == "embedding" for _ in range(t.count)]
     layers = max(s.model.num_layers, 1)
@@ -147,7 +148,7 @@ def partition_order(s, tensors: list[ParamTensor]) -> list[int]:
     return head + body + tail
 
 
-def partition_sizes(s, tensors: list[ParamTensor]) -> list[int]:
+def partition_sizes(s: Scenario, tensors: list[ParamTensor]) -> list[int]:
     """Each trainable parameter's per-rank share, in module order."""
     return [-(-numel // s.world_size) for numel in partition_order(s, [t for t in tensors if t.trainable])]
 
@@ -174,7 +175,7 @@ def _adafactor_bytes(trainable: list[ParamTensor], param_bytes: int) -> int:
     return out
 
 
-def torch_optimizer(s, trainable: list[ParamTensor]) -> tuple[int, int, int]:
+def torch_optimizer(s: Scenario, trainable: list[ParamTensor]) -> tuple[int, int, int]:
     """(states, step temporaries, paged states) of a torch/bitsandbytes optimizer over the given tensors."""
     states = temps = paged = 0
     for t in trainable:

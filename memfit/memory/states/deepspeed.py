@@ -4,6 +4,7 @@ from __future__ import annotations
 from memfit.dtypes import BYTES
 from memfit.facts.engines import engine_of
 from memfit.facts.engines.deepspeed import overlap
+from memfit.facts.scenario import Scenario
 from memfit.memory.inventory import ParamTensor
 from memfit.memory.states.common import (HostBuffer, ModelStates, frozen_bytes, largest_module, partition_order,
                                          partition_sizes, total)
@@ -15,7 +16,8 @@ NORM_BYTES = 8
 ADAM_MOMENTS = "Adam m + v (DeepSpeedCPUAdam)"
 
 
-def states(s, tensors: list[ParamTensor]) -> ModelStates:
+def states(s: Scenario, tensors: list[ParamTensor]) -> ModelStates:
+    assert s.zero_stage is not None, "a DeepSpeed run has its ZeRO stage (Scenario's rules)"
     n = s.world_size
     psi = total(tensors, lambda t: t.trainable)  # trainable elements
     lp = 4 if s.precision == "fp32" else 2  # DeepSpeed casts the module to bf16/fp16 (engine.py)
@@ -49,7 +51,7 @@ def states(s, tensors: list[ParamTensor]) -> ModelStates:
     return ms
 
 
-def _zero0(s, psi, frozen, lp) -> ModelStates:
+def _zero0(s: Scenario, psi, frozen, lp) -> ModelStates:
     """bf16 ZeRO-0 runs FP16_Optimizer: full fp32 master and Adam on every GPU."""
     return ModelStates(
         weights=int(frozen) + psi * lp,
@@ -62,7 +64,7 @@ def _zero0(s, psi, frozen, lp) -> ModelStates:
     )
 
 
-def _zero12(s, tensors, psi, part, frozen, lp, accum) -> ModelStates:
+def _zero12(s: Scenario, tensors, psi, part, frozen, lp, accum) -> ModelStates:
     offload = s.offload_optimizer != "none"
     trainable = [t for t in tensors if t.trainable]
     largest = largest_module(trainable)
@@ -103,13 +105,13 @@ def _zero12(s, tensors, psi, part, frozen, lp, accum) -> ModelStates:
     return ms
 
 
-def ratio_gpu_share(s, tensors: list[ParamTensor]) -> float:
+def ratio_gpu_share(s: Scenario, tensors: list[ParamTensor]) -> float:
     """Share of the optimizer partition that stays on the GPU under `ratio` (ZeRO-3 with optimizer offload),
     from the real sub-groups of this model's partition."""
     return engine_of(s).optimizer_gpu_share(s, partition_sizes(s, tensors))
 
 
-def zero3_retained(s, tensors: list[ParamTensor], max_reuse: int) -> int:
+def zero3_retained(s: Scenario, tensors: list[ParamTensor], max_reuse: int) -> int:
     """Elements DeepSpeed keeps gathered from forward into backward: a module's params are not released
     when its next use in the fetch trace (its backward) comes within max_reuse_distance elements
     (partitioned_param_coordinator.py). A frozen embedding is never fetched in backward, so it goes."""
@@ -144,7 +146,7 @@ def _moe_block_elements(tensors: list[ParamTensor]) -> int:
     return sum(t.total for t in moe) // max(blocks, 1)
 
 
-def _zero3(s, tensors, psi, frozen, lp, accum) -> ModelStates:
+def _zero3(s: Scenario, tensors, psi, frozen, lp, accum) -> ModelStates:
     n = s.world_size
     part = -(-psi // n)
     persistent = total(tensors, lambda t: t.numel < s.param_persistence_threshold)
@@ -192,7 +194,7 @@ def _zero3(s, tensors, psi, frozen, lp, accum) -> ModelStates:
     return ms
 
 
-def _init_moments_zero12(s, weights: int, flat: int, part: int, offload: bool) -> list[dict[str, int]]:
+def _init_moments_zero12(s: Scenario, weights: int, flat: int, part: int, offload: bool) -> list[dict[str, int]]:
     """The device at DeepSpeedZeroOptimizer's initialization: the bf16 flat copy beside the module's own params
     (freed into views of it), then the fp32 master and a zero fp32 grad partition (initialize_optimizer_states);
     offloaded, both are host buffers. Adam's m, v exist then only under DeepSpeed < 0.13.2, which stepped once."""
@@ -203,7 +205,7 @@ def _init_moments_zero12(s, weights: int, flat: int, part: int, offload: bool) -
     return [flatten, {"weights": weights, "optimizer_states": 4 * part + adam, "gradients": 4 * part}]
 
 
-def _init_moments_zero3(s, weights: int, model: int, largest: int, flat: int, gpu_part: int,
+def _init_moments_zero3(s: Scenario, weights: int, model: int, largest: int, flat: int, gpu_part: int,
                         grads: int) -> list[dict[str, int]]:
     """The device while ZeRO-3 builds and initializes (0.19.8):
     - building: zero.Init makes each param whole on the device and cuts this rank's partition from it
@@ -224,7 +226,7 @@ def _init_moments_zero3(s, weights: int, model: int, largest: int, flat: int, gp
     return moments
 
 
-def _offload_host_stage12(s, part: int, largest: int, lp: int) -> list[HostBuffer]:
+def _offload_host_stage12(s: Scenario, part: int, largest: int, lp: int) -> list[HostBuffer]:
     pin = s.pin_memory
     bufs = [
         HostBuffer("fp32 master weights partition", 4 * part, "optimizer_states", pin),
@@ -238,7 +240,7 @@ def _offload_host_stage12(s, part: int, largest: int, lp: int) -> list[HostBuffe
     return bufs
 
 
-def frozen_copy(s, tensors: list[ParamTensor], offload: bool) -> tuple[str, int, int, int, list[str]]:
+def frozen_copy(s: Scenario, tensors: list[ParamTensor], offload: bool) -> tuple[str, int, int, int, list[str]]:
     """A frozen model as OpenRLHF's get_eval_ds_config places it: a ZeRO-3 inference engine sharded like the
     policy (its params offloaded with --ref_offload), or a stage-0 replica under stages 0-2."""
     lp = s.compute_bytes

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from memfit.facts.engines import engine_of
 from memfit.facts.frameworks import framework, model_code
+from memfit.facts.scenario import Scenario
 from memfit.memory.inventory import ParamTensor
 from memfit.memory.states import accelerate_fsdp, fsdp_units, plain
 from memfit.memory.states.common import (HostBuffer, ModelStates, frozen_bytes, layer_elements, quantized_bytes,
                                          torch_optimizer, trainable_dtype_bytes)
 
 
-def _gathered_layer_bytes(s, tensors: list[ParamTensor]) -> float:
+def _gathered_layer_bytes(s: Scenario, tensors: list[ParamTensor]) -> float:
     """Bytes of one gathered FSDP unit: quantized linears travel packed (bnb quant_storage / GPTQ qweight),
     the rest in the dtype the strategy gathers in (fsdp_units.gathered_bytes: the compute dtype, or a framework's)."""
     b = fsdp_units.gathered_bytes(s)
@@ -19,7 +20,7 @@ def _gathered_layer_bytes(s, tensors: list[ParamTensor]) -> float:
     return max(sum(per) / max(s.model.num_layers, 1), max(outside, default=0))
 
 
-def _unsharded_bytes(s, tensors: list[ParamTensor]) -> int:
+def _unsharded_bytes(s: Scenario, tensors: list[ParamTensor]) -> int:
     """Every parameter unsharded, in the dtype FSDP2 all-gathers it (packed quantized linears, else the gathered
     dtype, fsdp_units.gathered_bytes). fully_shard keeps each sharded parameter and makes the unsharded one a separate
     storage (_fsdp_param.py: `_sharded_param_data` vs `init_all_gather_outputs`), so this comes on top of the shards."""
@@ -27,13 +28,13 @@ def _unsharded_bytes(s, tensors: list[ParamTensor]) -> int:
     return int(sum(t.total * (quantized_bytes(s) if t.quantized else b) for t in tensors))
 
 
-def _root_bytes(s, tensors: list[ParamTensor]) -> int:
+def _root_bytes(s: Scenario, tensors: list[ParamTensor]) -> int:
     """The root group unsharded: what fully_shard on the whole model collects outside the layer units (embedding,
     final norm, an untied head)."""
     return int(sum(t.total * fsdp_units.gathered_bytes(s) for t in tensors if not t.per_layer))
 
 
-def _loss_after_root(s, tensors: list[ParamTensor], ms: ModelStates) -> None:
+def _loss_after_root(s: Scenario, tensors: list[ParamTensor], ms: ModelStates) -> None:
     """A recipe whose loss runs on the logits the model returned (torchtune, its profile's [model_code.several_devices]
     `loss_after_root_reshard`), the root group its own unit resharded after forward: the root is gathered through
     the model's forward (the output projection its last op), nothing while the loss runs, gathered again at backward's
@@ -51,7 +52,7 @@ def _loss_after_root(s, tensors: list[ParamTensor], ms: ModelStates) -> None:
     ms.regather = 2 * root
 
 
-def _root_reduce(s, trainable: list[ParamTensor]) -> int:
+def _root_reduce(s: Scenario, trainable: list[ParamTensor]) -> int:
     """The root group (embeddings, final norm, untied head) is reduce-scattered last, from a buffer of its
     whole gradient in the reduce dtype (fp32 under a mixed MixedPrecisionPolicy, else the params' dtype;
     _fsdp_collectives.py::foreach_reduce). The unsharded grads are freed after the copy-in except the
@@ -63,15 +64,14 @@ def _root_reduce(s, trainable: list[ParamTensor]) -> int:
     return reduce_bytes * root + head * s.compute_bytes
 
 
-def states(s, tensors: list[ParamTensor]) -> ModelStates:
+def states(s: Scenario, tensors: list[ParamTensor]) -> ModelStates:
     n = engine_of(s).partition_ranks(s)
     trainable = [t for t in tensors if t.trainable]
     grads = sum(t.total * trainable_dtype_bytes(s, t) for t in trainable)
     optimizer, temps, paged = torch_optimizer(s, trainable)
     frozen = frozen_bytes(s, tensors)
-    if fsdp_units.shard_bytes(s):  # a framework that builds the model in fp32 shards it so (LitGPT under bf16-mixed)
-        frozen = sum(t.total * (quantized_bytes(s) if t.quantized else fsdp_units.shard_bytes(s))
-                     for t in tensors if not t.trainable)
+    if shard := fsdp_units.shard_bytes(s):  # a framework that builds the model in fp32 shards it so (LitGPT, bf16-mixed)
+        frozen = sum(t.total * (quantized_bytes(s) if t.quantized else shard) for t in tensors if not t.trainable)
     unit = int(_gathered_layer_bytes(s, tensors))  # one decoder layer unsharded
     ms = ModelStates(
         weights=int((frozen + grads) / n),
@@ -114,7 +114,7 @@ def states(s, tensors: list[ParamTensor]) -> ModelStates:
     return ms
 
 
-def frozen_copy(s, tensors: list[ParamTensor], offload: bool) -> tuple[str, int, int, int, list[str]]:
+def frozen_copy(s: Scenario, tensors: list[ParamTensor], offload: bool) -> tuple[str, int, int, int, list[str]]:
     """A frozen model under FSDP: sharded like the trained one (evaluation mode), two units gathered."""
     phi, lp = sum(t.total for t in tensors), s.compute_bytes
     if s.fsdp_strategy == "no_shard":

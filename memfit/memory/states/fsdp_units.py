@@ -17,11 +17,12 @@
 from __future__ import annotations
 
 from memfit.facts.frameworks import model_code, several_devices_dtypes
+from memfit.facts.scenario import Scenario
 from memfit.memory.inventory import ParamTensor
 from memfit.memory.states.common import ModelStates
 
 
-def gathered_bytes(s) -> int:
+def gathered_bytes(s: Scenario) -> int:
     """Bytes of a gathered parameter (and of the unsharded gradient its backward makes): the framework's own strategy
     under mixed precision ([model_code.several_devices.mixed]: LitGPT's FSDP1 MixedPrecision param_dtype bf16, its
     FSDP2 with no MixedPrecisionPolicy fp32), else the compute dtype (a MixedPrecisionPolicy's param_dtype)."""
@@ -29,18 +30,18 @@ def gathered_bytes(s) -> int:
     return dtypes[1] if dtypes else s.compute_bytes
 
 
-def shard_bytes(s) -> int | None:
+def shard_bytes(s: Scenario) -> int | None:
     """Bytes of a shard of a frozen parameter where the framework builds the model in its own dtype under mixed
     precision (LitGPT: fp32, so the shards are fp32); None: the engine's own rule (common.frozen_bytes)."""
     dtypes = several_devices_dtypes(s)
     return dtypes[0] if dtypes else None
 
 
-def _per_layer_bytes(s, tensors: list[ParamTensor]) -> int:
+def _per_layer_bytes(s: Scenario, tensors: list[ParamTensor]) -> int:
     return int(sum(t.total for t in tensors if t.per_layer) * gathered_bytes(s) / max(s.model.num_layers, 1))
 
 
-def _per_layer_elements(s, tensors: list[ParamTensor]) -> int:
+def _per_layer_elements(s: Scenario, tensors: list[ParamTensor]) -> int:
     return int(sum(t.total for t in tensors if t.per_layer) / max(s.model.num_layers, 1))
 
 
@@ -48,7 +49,7 @@ def _root_elements(tensors: list[ParamTensor]) -> int:
     return sum(t.total for t in tensors if not t.per_layer)
 
 
-def _keep_root_gathered(s, tensors: list[ParamTensor], ms: ModelStates) -> None:
+def _keep_root_gathered(s: Scenario, tensors: list[ParamTensor], ms: ModelStates) -> None:
     """The root gathered all through forward and backward, beside the running unit and the one prefetched (FSDP2's
     prefetch, FSDP1's limit_all_gathers: two in flight). While the loss runs and as its backward starts no layer is
     gathered (the last one's pre-backward gathers it after the head's backward)."""
@@ -58,7 +59,7 @@ def _keep_root_gathered(s, tensors: list[ParamTensor], ms: ModelStates) -> None:
     ms.regather = 0
 
 
-def _flat_unit_grads(s, tensors: list[ParamTensor], ms: ModelStates, n: int) -> None:
+def _flat_unit_grads(s: Scenario, tensors: list[ParamTensor], ms: ModelStates, n: int) -> None:
     trained_layers = max((t.count for t in tensors if t.per_layer and t.trainable), default=0)
     trained_layers = min(trained_layers, s.model.num_layers)
     root_trains = any(t.trainable for t in tensors if not t.per_layer)
@@ -84,7 +85,7 @@ def _flat_unit_grads(s, tensors: list[ParamTensor], ms: ModelStates, n: int) -> 
     ms.last_reduce = (root * unsharded + -(-root * sharded_bytes // n)) if root_trains else 0
 
 
-def apply(s, tensors: list[ParamTensor], ms: ModelStates, n: int) -> None:
+def apply(s: Scenario, tensors: list[ParamTensor], ms: ModelStates, n: int) -> None:
     several = model_code(s.profile).get("several_devices", {})
     if s.world_size < 2 or s.fsdp_strategy != "full_shard":
         return

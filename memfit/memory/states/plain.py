@@ -4,17 +4,18 @@ from __future__ import annotations
 from memfit.memory.inventory import ParamTensor
 from memfit.memory.own_code import head_casts, prompt_layers
 from memfit.memory.states.common import ModelStates, frozen_bytes, torch_optimizer, trainable_dtype_bytes
+from memfit.facts.scenario import Scenario
 
 # DDP allocates flat gradient buckets (gradient_as_bucket_view=False by default): a second copy of
 # every gradient (torch/nn/parallel/distributed.py Reducer). Accelerate/HF keep that default.
 DDP_BUCKET_COPY = True
 
 
-def _reads_as_head(s, t: ParamTensor) -> bool:
+def _reads_as_head(s: Scenario, t: ParamTensor) -> bool:
     return t.kind == "lm_head" or t.kind == "embedding" and s.model.tie_embeddings
 
 
-def _fp32_under_autocast(s, t: ParamTensor) -> bool:
+def _fp32_under_autocast(s: Scenario, t: ParamTensor) -> bool:
     if (s.frozen_fp32_in_module or s.tuning == "qlora" and s.kbit_upcast) and not t.trainable and _reads_as_head(s, t):
         return True  # an fp32 head (PEFT's kbit upcast too); a tied one multiplies by the embedding's fp32 weight
     if t.kind not in ("linear", "lm_head", "lora") and not _reads_as_head(s, t) or t.quantized:
@@ -26,12 +27,12 @@ def _fp32_under_autocast(s, t: ParamTensor) -> bool:
     return s.frozen_fp32_in_module and t.kind != "lora"  # _frozen_casts
 
 
-def _cast_bytes(s, t: ParamTensor) -> int:
+def _cast_bytes(s: Scenario, t: ParamTensor) -> int:
     """A trainable weight's cast is cached once per forward; a frozen head is cast at every call (head_casts)."""
     return t.total * s.compute_bytes * (1 if t.trainable else head_casts(s))
 
 
-def _frozen_casts(s, copies: list[ParamTensor]) -> int:
+def _frozen_casts(s: Scenario, copies: list[ParamTensor]) -> int:
     """Autocast caches no cast of a frozen fp32 weight (requires_grad off), but each matmul saves the 16-bit copy it
     read for its input's gradient until that Linear's backward: held by the layers that are not checkpointed (a
     checkpointed layer drops them with the rest of what it saved)."""
@@ -42,7 +43,7 @@ def _frozen_casts(s, copies: list[ParamTensor]) -> int:
     return layer_copies * (graded - checkpointed) // layers
 
 
-def autocast_casts(s, tensors: list[ParamTensor], ms: ModelStates) -> None:
+def autocast_casts(s: Scenario, tensors: list[ParamTensor], ms: ModelStates) -> None:
     """autocast casts each fp32 weight a matmul reads to 16 bit; the copies are cached through forward and saved for
     backward by the matmuls whose input needs a gradient (aten autocast_mode.cpp). Also a framework's FSDP that
     gathers fp32 params under autocast (fsdp.py), whose module holds the gathered fp32 weights as plain torch's does."""
@@ -52,14 +53,14 @@ def autocast_casts(s, tensors: list[ParamTensor], ms: ModelStates) -> None:
     ms.autocast_cache_head = sum(_cast_bytes(s, t) for t in cached if _reads_as_head(s, t))
 
 
-def recompute_casts(s, tensors: list[ParamTensor]) -> int:
+def recompute_casts(s: Scenario, tensors: list[ParamTensor]) -> int:
     """One layer's frozen-weight casts: a checkpointed layer's recompute (which runs under the autocast state its
     forward saved) casts them again and its matmuls save them until the layer's backward is done."""
     copies = [t for t in tensors if _fp32_under_autocast(s, t) and not t.trainable and t.per_layer]
     return sum(t.total * s.compute_bytes for t in copies) // max(s.model.num_layers, 1)
 
 
-def states(s, tensors: list[ParamTensor]) -> ModelStates:
+def states(s: Scenario, tensors: list[ParamTensor]) -> ModelStates:
     trainable = [t for t in tensors if t.trainable]
     grads = sum(t.total * trainable_dtype_bytes(s, t) for t in trainable)
     optimizer, temps, paged = torch_optimizer(s, trainable)
@@ -91,7 +92,7 @@ def states(s, tensors: list[ParamTensor]) -> ModelStates:
     return ms
 
 
-def frozen_copy(s, tensors: list[ParamTensor], offload: bool) -> tuple[str, int, int, int, list[str]]:
+def frozen_copy(s: Scenario, tensors: list[ParamTensor], offload: bool) -> tuple[str, int, int, int, list[str]]:
     """A frozen model (reference, reward) beside this engine: a full 16-bit replica on every GPU.
     Returns (placement in words, resident bytes, gathered bytes, host bytes per rank, notes)."""
     notes = ["reference/reward offload sets offload_param, which only ZeRO-3 honours: ignored here"] if offload else []
