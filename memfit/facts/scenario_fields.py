@@ -104,6 +104,18 @@ class ScenarioFields:
     deepspeed_sleep: bool = False
     rollout_micro_batch: int | None = None
     role_gpus: tuple[tuple[str, int], ...] = ()
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    critic_param_offload: bool = False
+    critic_optimizer_offload: bool = False
+    dynamic_bsz: bool = False
+    ppo_max_token_len: int | None = None
+    log_prob_max_token_len: int | None = None
+    rollout_n: int = 1
+    response_len: int | None = None
+    remove_padding: bool = False
+    entropy_chunking: bool = False
+    entropy_checkpointing: bool = False
     profile: str = "hf-trainer"
     releases: tuple[tuple[str, str], ...] = ()
     assumed: tuple[Assumption, ...] = field(default=(), compare=False)

@@ -135,6 +135,7 @@ def _skip_dataset_init() -> None:
 
     if "verl.utils.dataset" not in sys.modules:
         spec = importlib.util.find_spec("verl.utils")
+        assert spec is not None and spec.origin is not None, "verl is not importable in this environment"
         package = types.ModuleType("verl.utils.dataset")
         package.__path__ = [os.path.join(os.path.dirname(spec.origin), "dataset")]
         sys.modules["verl.utils.dataset"] = package
@@ -176,7 +177,7 @@ def _pin_as_copy(get_tracker) -> None:
             tracker.mark_pinned(copy)
         return copy
 
-    torch.Tensor.pin_memory = pin_memory
+    torch.Tensor.pin_memory = pin_memory  # type: ignore[method-assign,assignment]
 
 
 def _claim_reference(tk, module) -> None:
@@ -307,8 +308,8 @@ def run_rank(run: dict) -> dict:
     monkey_patch.is_trl_available = lambda: False
     _unpinned_offload_policy()
     _sync_states_on_cpu()
+    current: dict = {"tk": None}
     _pin_as_copy(lambda: current["tk"])
-    current = {"tk": None}
     install_patches(lambda: current["tk"])
     patch_fsdp1(lambda: current["tk"])
     rank = int(os.environ["RANK"])
