@@ -141,3 +141,22 @@ def test_the_command_line_estimates_a_verl_grpo_run():
     doc = json.loads(out.getvalue())
     assert [r["role"] for r in doc["roles"]] == ["policy", "reference", "generator"]
     assert doc["gpu_groups"][0]["peak_moment"] in doc["gpu_groups"][0]["moments"]
+
+
+def test_the_actor_update_is_verls_own_fsdp_engine(verl_run):
+    """The policy's update moments hold what memory/states/verl_fsdp.py says verl's engine holds (measured on 2 gloo
+    ranks, bench/verl_workers.py), not memfit's generic FSDP model: the bf16 logits of its in-place cross entropy,
+    never an fp32 copy of them."""
+    from memfit.memory.states import verl_fsdp
+    from memfit.roles.trained import trained_role
+    from memfit.roles.placement import role_scenario
+
+    e = verl_run()
+    policy = next(r for r in e.roles if r.role == "policy")
+    rs = role_scenario(e.scenario.with_changes(engine="fsdp", fsdp_strategy="full_shard"), 8)
+    parts = verl_fsdp.actor_update_parts(trained_role(rs, QWEN["micro_batch"], "bf16_inplace_ce").scenario)
+    peak = max(parts.values(), key=lambda b: b.total)
+    assert policy.active.total - policy.active.get("runtime_overhead") == peak.total
+    tokens = QWEN["micro_batch"] * QWEN["seq_len"]
+    forward = _held(e, "train_policy:forward", "policy", "logits_loss")
+    assert forward == parts["forward"].get("logits_loss") == tokens * 152_064 * 2  # bf16, nothing beside it

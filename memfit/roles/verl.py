@@ -35,19 +35,21 @@ What the code does, and what memfit takes from it:
   entropy (entropy_coeff, default 0) from the logits, in chunks of 2048 tokens with
   entropy_from_logits_with_chunking. memfit reads the logits as data/frameworks/verl.toml [methods] says.
 
-Where verl's FSDP wrapping may differ from memfit's FSDP model (memfit/memory/states/fsdp.py): the root unit
-stays gathered through a forward (FSDP1 does not reshard the root after forward; EngineEvalModeCtx reshards
-it on exit), and the actor is built in fp32 with MixedPrecision(bf16). The reference here counts the root
-unit; the trained roles use memfit's FSDP model as it is (a verl-measured FSDP model may replace it).
+The actor's update is verl's own FSDP engine (memfit/memory/states/verl_fsdp.py, data/verl_fsdp.toml: every model
+built in fp32 and gathered in bf16, FSDP1's root unit kept gathered through the loss, FSDP2's head its own unit, bf16
+logits through flash-attn's in-place cross entropy), measured on 2 gloo ranks (bench/verl_workers.py); its load,
+save and resume, and the critic's phases, are memfit's FSDP model. The reference counts the root unit gathered.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
+from memfit.breakdown import PhaseProfile
 from memfit.errors import MemfitError
 from memfit.facts.methods import generator_facts, method_facts, reference, run_methods
 from memfit.facts.placements import placement_facts
 from memfit.facts.scenario import Scenario
+from memfit.memory.states import verl_fsdp
 from memfit.roles.frozen import FrozenRole, frozen_forward, frozen_role
 from memfit.roles.generator import Generator
 from memfit.roles.placement import Declaration, Parking, Step, Worker, reward_and_critic, role_scenario
@@ -64,7 +66,7 @@ def declare(s: Scenario, notes: list[str]) -> Declaration:
     facts, world = placement_facts("verl"), s.world_size
     kind = run_methods(s)["logits"]
     rows = _rows(s, notes)
-    actor = trained_role(role_scenario(s, world), rows["train"], kind)
+    actor = _verl_update(trained_role(role_scenario(s, world), rows["train"], kind), notes)
     workers = [Worker("policy", WORKER, POOL, actor, train_rows=rows["train"], score_rows=rows["score"],
                       parking=_parking(s.param_offload, s.optimizer_offload),
                       sync_bytes=_sync_bytes(actor, facts), notes=_policy_notes(s, rows, kind))]
@@ -140,6 +142,19 @@ def _parking(params: bool, optimizer: bool) -> Parking:
     host = (("weights",) if params else ()) + (("optimizer_states",) if optimizer else ())
     score = ("engine_buffers", "weights") + (() if optimizer else ("optimizer_states",))
     return Parking(gpu, host, score)
+
+
+def _verl_update(actor: TrainedRole, notes: list[str]) -> TrainedRole:
+    """The update's phases as verl's own FSDP engine lays them out (memory/states/verl_fsdp.py: fp32 shards gathered
+    in bf16, its units, bf16 logits; measured on 2 gloo ranks, bench/verl_workers.py), with the runtime overhead
+    of memfit's FSDP model; load, save and resume stay that model's."""
+    parts = verl_fsdp.actor_update_parts(actor.scenario, "flash_ce")
+    phases = dict(actor.allocated.phases)
+    for phase, b in parts.items():
+        phases[phase] = b.plus("runtime_overhead", phases[phase].get("runtime_overhead"))
+    notes.append(f"{VERSION} actor update by its own FSDP engine (data/verl_fsdp.toml): log-probs by flash-attn's "
+                 f"in-place cross entropy (verl's GPU install; without flash-attn 2 B more per logit)")
+    return replace(actor, allocated=PhaseProfile(phases))
 
 
 def _sync_bytes(actor: TrainedRole, facts: dict) -> int:

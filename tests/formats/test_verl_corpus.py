@@ -4,8 +4,8 @@ line; the nearest stored commit to verl 0.9.1 is the release/v0.9.0 branch of ve
 2026-08-20); run_qwen2-7b.sh is volcengine/verl b178a3cd56f5 (2026-01-29), a plain one-command launch.
 
 - estimate: a verdict and a number, or the one-line error the case records (a model the catalog lacks, offline);
-- fit: on a card derived from memfit's own verdict (tests/cards.py) where the launch as written does not fit and
-  half its micro-batch does, fit writes the launch back with only override lines changed, and it re-reads to a
+- fit: on a card derived from memfit's own verdict (tests/cards.py) one step under the smallest on which the
+  launch as written fits, fit writes the launch back with only override lines changed, and it re-reads to a
   fitting run with the same roles, GPUs and algorithm. verl's own composition of what fit writes:
   test_verl_venv.py."""
 import re
@@ -53,13 +53,9 @@ def test_estimate(name, capsys):
 
 
 def fit_card(name: str) -> list[str]:
-    """--gpu-mem where the launch as written does not fit and half its micro-batch (the same rows per step) does."""
+    """--gpu-mem one grid step under the smallest card on which the launch as written fits: fit must change it."""
     run = cards.from_file(str(HERE / name), gpu="h100")
-    half = max(1, run.micro_batch // 2)
-    change = {"micro_batch": half, "grad_accum": run.grad_accum * run.micro_batch // half}
-    if run.dynamic_bsz:  # the micro-batch is a token budget: half the rows is half the budget (as the planner halves it)
-        change["ppo_max_token_len"] = half * run.seq_len
-    return cards.gpu_mem(cards.card(run, change))
+    return cards.gpu_mem(cards.smallest_fitting(run) - cards.STEP)
 
 
 def fit_into(name: str, folder: Path) -> Path:

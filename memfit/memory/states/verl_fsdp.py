@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memfit.breakdown import Breakdown
 from memfit.errors import MemfitError
 from memfit.facts.data_table import data_table
 from memfit.facts.names import unknown_key
@@ -120,9 +121,23 @@ def _optimizer_temporaries(s, z: _Sizes, f: dict, n: int) -> int:
     return -(-z.total // n) * f["shard_bytes"]  # foreach: one list of every state's size
 
 
-def actor_update_bytes(s, logprob_path: str = "flash_ce", release: str = RELEASE) -> dict[str, int]:
-    """Allocated bytes per GPU of each phase of verl's actor update (forward with the log-probs and loss, backward,
-    optimizer step), full fine-tune, without the runtime overhead (context, allocator) the estimate adds."""
+def _larger(*parts: Breakdown) -> Breakdown:
+    return max(parts, key=lambda b: b.total)
+
+
+def _sum(*parts: Breakdown) -> Breakdown:
+    out: dict[str, int] = {}
+    for b in parts:
+        for category, n in b.parts.items():
+            out[category] = out.get(category, 0) + n
+    return Breakdown(out)
+
+
+def actor_update_parts(s, logprob_path: str = "flash_ce", release: str = RELEASE) -> dict[str, Breakdown]:
+    """What each phase of verl's actor update (forward with the log-probs and loss, backward, optimizer step) holds
+    per GPU, by category, full fine-tune or LoRA, without the runtime overhead (context, allocator) the estimate
+    adds: fp32 shards and the gathered units are weights, the AdamW states and their step's temporaries optimizer
+    states, the layers' saved tensors and the head's input activations, the logits and what the log-probs keep."""
     _check_path(logprob_path)
     f, n = facts(release), s.world_size
     tensors = scenario_tensors(s)
@@ -131,18 +146,28 @@ def actor_update_bytes(s, logprob_path: str = "flash_ce", release: str = RELEASE
     grads = -(-sum(t.total for t in tensors if t.trainable) // n) * f["shard_bytes"]
     states = torch_optimizer(s, [t for t in tensors if t.trainable])[0] // n
     saved, logits = _saved_activations(s, tensors), _logit_elements(s)
-    kept = shards + states
+    kept = Breakdown({"weights": shards, "optimizer_states": states})
     per_logit = f["logits_bytes"] + f["saved_per_logit"][logprob_path]
-    head_forward = _head_gathered(s, z, f) + logits * f["logits_bytes"] + _head_input(s, f)
-    after_head = (z.root * f["gathered_bytes"] if s.fsdp_version == 1 and f["fsdp1_root_kept"] else 0)
-    after_head += logits * per_logit
+    head_forward = Breakdown({"weights": _head_gathered(s, z, f), "logits_loss": logits * f["logits_bytes"],
+                              "activations": _head_input(s, f)})
+    root_kept = z.root * f["gathered_bytes"] if s.fsdp_version == 1 and f["fsdp1_root_kept"] else 0
+    after_head = Breakdown({"weights": root_kept, "logits_loss": logits * per_logit})
     # backward starts where forward ended (the log-probs' saved rows); then the head's backward (regathered under
     # FSDP2, the logits' gradient beside it) and the last post-backward, every shard's gradient reduced
-    head_backward = _head_gathered(s, z, f) + logits * f["backward_per_logit"][logprob_path]
+    head_backward = Breakdown({"weights": _head_gathered(s, z, f),
+                               "logits_loss": logits * f["backward_per_logit"][logprob_path]})
     last_reduce = f["last_reduce_copies"] * _last_reduced(s, tensors) * (f["gathered_bytes"] + f["reduce_bytes"])
-    return {"forward": kept + saved + max(head_forward, after_head),
-            "backward": kept + max(saved + after_head, saved + head_backward, grads + last_reduce),
-            "optimizer_step": kept + grads + _optimizer_temporaries(s, z, f, n)}
+    layers = Breakdown({"activations": saved})
+    reduced = Breakdown({"gradients": grads, "engine_buffers": last_reduce})
+    return {"forward": _sum(kept, layers, _larger(head_forward, after_head)),
+            "backward": _sum(kept, _larger(_sum(layers, after_head), _sum(layers, head_backward), reduced)),
+            "optimizer_step": _sum(kept, Breakdown({"gradients": grads,
+                                                   "optimizer_states": _optimizer_temporaries(s, z, f, n)}))}
+
+
+def actor_update_bytes(s, logprob_path: str = "flash_ce", release: str = RELEASE) -> dict[str, int]:
+    """Allocated bytes per GPU of each phase of verl's actor update (actor_update_parts' totals)."""
+    return {phase: b.total for phase, b in actor_update_parts(s, logprob_path, release).items()}
 
 
 def actor_log_prob_bytes(s, release: str = RELEASE) -> int:
