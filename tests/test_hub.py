@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -117,7 +118,9 @@ def test_a_catalog_name_never_touches_the_hub(monkeypatch):
     monkeypatch.setattr(hub, "config_path", no_hub)
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)
     for name in ("Qwen/Qwen2-7B-Instruct", "qwen2-7b", "someone/Qwen2-7B"):
-        assert find_model(name) in models()
+        found = find_model(name)  # a catalog row; a hub id keeps the id the user gave (catalog.as_named)
+        assert any(replace(found, id=row.id) == row for row in models())
+        assert found.id == (name if "/" in name else "Qwen/Qwen2-7B")
 
 
 def test_without_the_extra_the_error_says_how_to_get_it_and_keeps_did_you_mean(monkeypatch):

@@ -16,7 +16,8 @@ COMMAND_OPTIONS = {"--json", "--help", "-h", "--steps", "--timeline", "--compare
                    "--allow", "--top", "--no-code-edits", "--no-resume", "--out", "--in-place", "--model",
                    "--max-seq", "--max-batch", "--html", "--save", "--follow", "--capacity", "--until-steps", "--interval",
                    "--lengths", "--seed", "--epochs", "--group-by-length", "--drop-last", "--sampler", "--estimate-from",
-                   "--port", "--host", "--allow-remote", "--tokens", "--price-per-gpu-hour", "--budget"}
+                   "--port", "--host", "--allow-remote", "--tokens", "--price-per-gpu-hour", "--budget", "--brief", "--detail",
+                   "--row"}
 
 
 def _subparsers():
