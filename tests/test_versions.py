@@ -79,3 +79,10 @@ def test_installed_names_every_pinned_package():
     got = installed()
     assert set(got) == set(pinned())
     assert all(v is None or release(v)[0].isdigit() for v in got.values())
+
+
+def test_verl_venv_installs_the_release_its_facts_were_read_on():
+    venv = tomllib.loads((ROOT / "memfit" / "facts" / "data" / "versions.toml").read_text())["venv"]
+    assert f'VERL="verl=={venv["verl"]}"' in (ROOT / "tests" / "trace" / "setup_verl_venv.sh").read_text()
+    assert f'[release."{venv["verl"]}"]' in (ROOT / "memfit" / "facts" / "data" / "verl_fsdp.toml").read_text()
+    assert json.loads((TABLES / "verl.json").read_text())["version"] == venv["verl"]
