@@ -15,8 +15,15 @@ HERE = Path(__file__).resolve().parent
 def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("gloo")
     for case in ("long", "leak"):
-        done = subprocess.run([sys.executable, str(HERE / "gloo_loop.py"), str(folder / f"{case}.jsonl"), case,
-                               str(free_port())], capture_output=True, text=True, timeout=300)
+        # a port found free can be taken by another test's ranks before these bind it (two pytest workers start
+        # process groups at once): a rank then aborts in gloo's rendezvous; a second try gets another port
+        for attempt in range(2):
+            for old in folder.glob(f"{case}.jsonl*"):
+                old.unlink()
+            done = subprocess.run([sys.executable, str(HERE / "gloo_loop.py"), str(folder / f"{case}.jsonl"), case,
+                                   str(free_port())], capture_output=True, text=True, timeout=300)
+            if done.returncode == 0:
+                break
         assert done.returncode == 0, done.stderr[-2000:]
     return folder
 
