@@ -14,6 +14,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
+def _bench(bench_file: str):
+    """A bench module of this folder, loaded by its file name (bench/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"{Path(bench_file).stem}_bench", HERE / bench_file)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # its dataclasses look their module up
+    spec.loader.exec_module(bench)
+    return bench
+
+
 def _summary(errors: list[float], versions: dict) -> dict:
     if not errors:
         return {"rows": 0, "median_abs_pct_error": None, "max_abs_pct_error": None, "versions": versions}
@@ -21,17 +30,8 @@ def _summary(errors: list[float], versions: dict) -> dict:
             "max_abs_pct_error": round(max(errors), 2), "versions": versions}
 
 
-def _litgpt_bench():
-    """bench/litgpt.py by path: the name `litgpt` belongs to LitGPT's own package."""
-    spec = importlib.util.spec_from_file_location("litgpt_bench", HERE / "litgpt.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def litgpt_group() -> dict:
-    bench = _litgpt_bench()  # its rows, scenarios and comparison
+    bench = _bench("litgpt.py")  # its rows, scenarios and comparison (by path: `litgpt` is LitGPT's package)
 
     traces = json.loads(bench.CACHE.read_text())["entries"] if bench.CACHE.exists() else {}
     cached = [(run, traces[bench._key(run)]) for run in bench.ROWS if bench._key(run) in traces]
@@ -54,24 +54,25 @@ def torchtune_group() -> dict:
     return _summary(errors, doc["versions"])
 
 
-def torchtune_distributed_group() -> dict:
-    """torchtune's FSDP2 recipes run for real on 2 gloo ranks (bench/torchtune_distributed.py keeps the measurements):
-    the allocated step peak per rank, estimate vs measured."""
-    spec = importlib.util.spec_from_file_location("torchtune_distributed_bench", HERE / "torchtune_distributed.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+def _saved_rows_group(bench_file: str) -> dict:
+    """A bench that keeps its 2-rank measurements (SAVED) and compares them with saved_rows(): |error| per row."""
+    bench = _bench(bench_file)
     if not bench.SAVED.exists():
         return _summary([], {})
     rows, versions = bench.saved_rows()
     return _summary([abs(r["error_pct"]) for r in rows], versions)
 
 
+def torchtune_distributed_group() -> dict:
+    """torchtune's FSDP2 recipes run for real on 2 gloo ranks (bench/torchtune_distributed.py keeps the measurements):
+    the allocated step peak per rank, estimate vs measured."""
+    return _saved_rows_group("torchtune_distributed.py")
+
+
 def litgpt_distributed_group() -> dict:
     """LitGPT's finetune scripts on 2 devices, their own Fabric strategies run for real on 2 gloo ranks
     (bench/litgpt_distributed.py keeps the measurements): the allocated step peak per rank, estimate vs measured."""
-    spec = importlib.util.spec_from_file_location("litgpt_distributed_bench", HERE / "litgpt_distributed.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench("litgpt_distributed.py")
     if not bench.MEASURED.exists():
         return _summary([], {})
     doc = json.loads(bench.MEASURED.read_text())
@@ -82,9 +83,7 @@ def litgpt_distributed_group() -> dict:
 def _remote_code_group(bench_file: str, source_file: str) -> dict:
     """A hub remote-code family on its own modeling file, traced (the bench keeps the traces): the step's allocated
     peak, estimate vs trace."""
-    spec = importlib.util.spec_from_file_location(f"{bench_file}_bench", HERE / f"{bench_file}.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench(f"{bench_file}.py")
     if not bench.OUT.exists():
         return _summary([], {})
     doc = json.loads(bench.OUT.read_text())
@@ -106,22 +105,14 @@ def glm4_group() -> dict:
 def verl_workers_group() -> dict:
     """verl's own FSDP engine on 2 gloo ranks (bench/verl_workers.py keeps the measurements): the actor update's and
     the reference log-prob pass's allocated peak per rank, estimate (memory/states/verl_fsdp.py) vs measured."""
-    spec = importlib.util.spec_from_file_location("verl_workers_bench", HERE / "verl_workers.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    if not bench.SAVED.exists():
-        return _summary([], {})
-    rows, versions = bench.saved_rows()
-    return _summary([abs(r["error_pct"]) for r in rows], versions)
+    return _saved_rows_group("verl_workers.py")
 
 
 def accelerate_fsdp_group() -> dict:
     """HF Trainer's FSDP1 / FSDP2 through accelerate's own preparation on 2 gloo ranks (bench/accelerate_fsdp.py keeps
     the measurements): the allocated step peak per rank, estimate vs measured, on memfit's pinned releases (the rows
     run on other releases, fms-acceleration's, are held by tests/measure/test_accelerate_fsdp.py)."""
-    spec = importlib.util.spec_from_file_location("accelerate_fsdp_bench", HERE / "accelerate_fsdp.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench("accelerate_fsdp.py")
     if not bench.SAVED.exists():
         return _summary([], {})
     doc = json.loads(bench.SAVED.read_text())
