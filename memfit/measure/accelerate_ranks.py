@@ -31,11 +31,10 @@ nothing else changes. Every storage is counted by memfit.measure.tracker; on a C
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
-from memfit.measure.ranks import claim_states, launch_module, patch_fsdp1
+from memfit.measure.ranks import claim_states, patch_fsdp1, runner_main
 
 ROOTS = ("/torch/distributed/", "/torch/optim/", "/torch/utils/checkpoint", "/accelerate/", "/peft/", "/transformers/")
 
@@ -203,17 +202,7 @@ def run_rank(run: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if argv and argv[0] == "--rank":
-        from pathlib import Path
-
-        Path(argv[2]).write_text(json.dumps(run_rank(json.loads(argv[1]))))
-        return 0
-    for line in sys.stdin:
-        if line.strip():
-            run = json.loads(line)
-            ranks = launch_module("memfit.measure.accelerate_ranks", run, world=run["world"])
-            print(json.dumps({"run": run, "ranks": ranks}), flush=True)
-    return 0
+    return runner_main(argv, "memfit.measure.accelerate_ranks", run_rank, world_of=lambda run: run["world"])
 
 
 if __name__ == "__main__":

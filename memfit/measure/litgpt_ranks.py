@@ -24,11 +24,9 @@ CudaAutocastPolicy, as the single-device trace does); see `_cuda_autocast_on_cpu
 """
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 
-from memfit.measure.ranks import claim_states, launch_module, patch_fsdp1
+from memfit.measure.ranks import claim_states, patch_fsdp1, runner_main
 
 HEAD_CHUNK = 128  # finetune/{lora,adapter,adapter_v2}.py: model(input_ids, lm_head_chunk_size=128)
 ROOTS = ("/torch/distributed/", "/torch/optim/", "/torch/utils/checkpoint", "/litgpt/", "/lightning/")
@@ -227,14 +225,7 @@ def run_rank(run: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if argv and argv[0] == "--rank":
-        result = run_rank(json.loads(argv[1]))
-        Path(argv[2]).write_text(json.dumps(result))
-        return 0
-    runs = [json.loads(line) for line in sys.stdin if line.strip()]
-    for run in runs:
-        print(json.dumps({"run": run, "ranks": launch_module("memfit.measure.litgpt_ranks", run)}), flush=True)
-    return 0
+    return runner_main(argv, "memfit.measure.litgpt_ranks", run_rank)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""What the two-rank runners of a framework's own FSDP path share (memfit/measure/litgpt_ranks.py, accelerate_ranks.py):
+"""What the two-rank runners of a framework's own FSDP path share (memfit/measure/litgpt_ranks.py, accelerate_ranks.py,
+verl_ranks.py):
 FSDP1's flat parameters made visible to the tracker, the engine's objects claimed by category, and the launch of one
 process per rank on the CPU."""
 from __future__ import annotations
@@ -82,3 +83,17 @@ def launch_module(module: str, run: dict, timeout: int = 1200, world: int = 2) -
                 raise RuntimeError(f"rank failed: {err.strip().splitlines()[-8:]}")
             results.append(json.loads(out.read_text()))
     return sorted(results, key=lambda r: r["rank"])
+
+
+def runner_main(argv: list[str], module: str, run_rank, world_of=lambda run: 2) -> int:
+    """A two-rank runner's command line: `--rank RUN OUT` runs one rank (run_rank(run) -> its JSON result, written to
+    OUT); with no arguments each JSON run on stdin is launched on `world_of(run)` ranks of MODULE and its ranks'
+    results printed as one JSON line."""
+    if argv and argv[0] == "--rank":
+        Path(argv[2]).write_text(json.dumps(run_rank(json.loads(argv[1]))))
+        return 0
+    for line in sys.stdin:
+        if line.strip():
+            run = json.loads(line)
+            print(json.dumps({"run": run, "ranks": launch_module(module, run, world=world_of(run))}), flush=True)
+    return 0

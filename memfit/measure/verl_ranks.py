@@ -52,11 +52,10 @@ Every storage is counted by memfit.measure.tracker; the engine's objects are cla
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
-from memfit.measure.ranks import claim_states, launch_module, patch_fsdp1
+from memfit.measure.ranks import claim_states, patch_fsdp1, runner_main
 
 ROOTS = ("/torch/distributed/", "/torch/optim/", "/torch/utils/checkpoint", "/verl/", "/peft/", "/transformers/")
 MODEL_DIR = "/tmp/memfit-verl-model"
@@ -391,17 +390,7 @@ def _ref_passes(run: dict, tk, path: str, rank: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if argv and argv[0] == "--rank":
-        from pathlib import Path
-
-        Path(argv[2]).write_text(json.dumps(run_rank(json.loads(argv[1]))))
-        return 0
-    for line in sys.stdin:
-        if line.strip():
-            run = json.loads(line)
-            ranks = launch_module("memfit.measure.verl_ranks", run, world=2)
-            print(json.dumps({"run": run, "ranks": ranks}), flush=True)
-    return 0
+    return runner_main(argv, "memfit.measure.verl_ranks", run_rank)
 
 
 if __name__ == "__main__":
