@@ -5,7 +5,8 @@ model, vLLM generator), each role placed in processes and GPU groups the way its
 (data/placements.toml names the placement of each framework and method): one training process per GPU
 (one_process.py: SFT, pre-training, DPO and its relatives, reward models) or an RL framework's declared workers
 (placement.py turns a declaration into GPU groups; openrlhf.py: PPO, GRPO, and the layout of a framework without
-its own; verl.py: verl's hybrid engine). The Estimate's top-level profiles are the worst GPU group's; a single-model run is one role in one group.
+its own; verl.py: verl's hybrid engine). The Estimate's top-level profiles are the worst GPU group's; a single-model
+run is one role in one group.
 """
 from __future__ import annotations
 
