@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memfit.breakdown import Breakdown, PhaseProfile
+from memfit.errors import MemfitError
 from memfit.facts.catalog import ModelSpec
 from memfit.facts.engines import engine_of
 from memfit.facts.methods import logits_facts
@@ -26,6 +27,9 @@ def frozen_scenario(s: Scenario, model: ModelSpec, rows: int) -> Scenario:
 
 def nograd_forward(tr: TrainedRole, rows: int) -> Breakdown:
     """A trained model's no-grad forward of `rows` rows (rollout log-probs / values), on top of its idle states."""
+    if tr.logits_kind is None:
+        raise MemfitError(f"the {tr.scenario.method} model has no log-prob kind (data/methods.toml [logits]), so its "
+                          f"no-grad forward cannot be sized; give the method a logits row")
     fs = frozen_scenario(tr.scenario, tr.scenario.model, rows)
     return frozen_forward(fs, tr.logits_kind, tr.value_head)
 
@@ -83,6 +87,7 @@ def frozen_role(s: Scenario, model: ModelSpec, rows: int, logits_kind: str, valu
     any other stage or DDP, an FSDP shard under FSDP; no copy at all when it is the policy with adapters off."""
     fs = frozen_scenario(s, model, rows)
     tensors = role_tensors(fs, value_head)
+    notes: list[str]
     if shares_policy:
         engine, resident, gathered, host, notes = "the policy with its LoRA adapters disabled (no second copy)", 0, 0, 0, []
     else:

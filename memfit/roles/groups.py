@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memfit.breakdown import PHASES, Breakdown, PhaseProfile
+from memfit.errors import MemfitError
 from memfit.facts.runtime import Runtime
 from memfit.memory import overheads
 from memfit.memory.phases import verdict_of
@@ -137,14 +138,19 @@ def gpu_group(name: str, gpus: int, capacity: int, moments: dict[Moment, list[Ho
                                                                    settled[best[m.phase]][1].total):
             best[m.phase] = m
     steady = best.get("checkpoint_save") or best.get("forward")
+    if steady is None:
+        raise MemfitError(f"GPU group {name}: no moment in phase checkpoint_save or forward, so no steady state "
+                          f"to stand for the phases it does not name; moments: {', '.join(m.name for m in moments)}")
     for phase in PHASES:  # every phase present, as the shared vocabulary expects
         best.setdefault(phase, steady)
-    profile = {i: PhaseProfile({p: settled[m][i] for p, m in best.items()}) for i in (1, 2, 3)}
-    peak = best[profile[3].peak_phase]
+    allocated = PhaseProfile({p: settled[m][1] for p, m in best.items()})
+    reserved = PhaseProfile({p: settled[m][2] for p, m in best.items()})
+    device_total = PhaseProfile({p: settled[m][3] for p, m in best.items()})
+    peak = best[device_total.peak_phase]
     procs = tuple(dict.fromkeys(h.process for hs in moments.values() for h in hs))
     roles = tuple(dict.fromkeys(h.role for hs in moments.values() for h in hs))
-    return GpuGroup(name, gpus, procs, roles, capacity, {m.name: s[0] for m, s in settled.items()}, profile[1],
-                    profile[2], profile[3], peak.name, sum(h.outside for h in moments[peak]))
+    return GpuGroup(name, gpus, procs, roles, capacity, {m.name: s[0] for m, s in settled.items()}, allocated,
+                    reserved, device_total, peak.name, sum(h.outside for h in moments[peak]))
 
 
 def trained_holding(process: str, role: str, tr: TrainedRole, phase: str, reserved: PhaseProfile) -> Holding:

@@ -7,6 +7,7 @@ and log-prob logits are alive (OpenRLHF dpo_trainer.py, TRL dpo_trainer.py _comp
 from __future__ import annotations
 
 from memfit.breakdown import PHASES, Breakdown, PhaseProfile
+from memfit.errors import MemfitError
 from memfit.facts.engines import engine_of
 from memfit.facts.methods import method_facts, reference, run_methods, several_models
 from memfit.facts.scenario import Scenario
@@ -37,6 +38,10 @@ def place(s: Scenario, notes: list[str]) -> Placement:
     if ref_kind != "none":
         from memfit.facts.catalog import find_model
 
+        if kind is None:
+            raise MemfitError(f"method {s.method} has a reference model but runs a single model (data/methods.toml "
+                              f"[method.{s.method}] several); a reference needs a log-prob kind")
+
         ref_model = find_model(s.ref_model) if s.ref_model else s.model
         ref = frozen_role(s, ref_model, rows, kind, False, s.ref_offload, shares_policy=ref_kind == "shared")
         notes.extend(ref.notes)
@@ -65,13 +70,12 @@ def place(s: Scenario, notes: list[str]) -> Placement:
 def _moments(policy: TrainedRole, reserved: PhaseProfile, ref: FrozenRole | None) -> dict[Moment, list[Holding]]:
     """The policy's phase peaks (the reference's weights resident beside them), and, with a reference, its
     forward on top of what the policy's forward keeps for backward."""
-    ref_idle = Breakdown({"weights": ref.resident}) if ref else None
-    moments: dict[Moment, list[Holding]] = {}
-    for phase, moment in phase_moments().items():
-        moments[moment] = [trained_holding("trainer", "policy", policy, phase, reserved)]
-        if ref:
-            moments[moment].append(Holding("trainer", "reference", ref_idle))
-    if ref:
+    moments = {moment: [trained_holding("trainer", "policy", policy, phase, reserved)]
+               for phase, moment in phase_moments().items()}
+    if ref is not None:
+        ref_idle = Breakdown({"weights": ref.resident})
+        for holdings in moments.values():
+            holdings.append(Holding("trainer", "reference", ref_idle))
         # the policy's forward is over: its saved activations and log-prob logits wait for backward
         fwd = policy.allocated.phases["forward"].parts
         kept = Breakdown({**fwd, "activations": policy.act.saved_total, "logits_loss": policy.logits.saved})

@@ -136,7 +136,7 @@ def _steps(d: Declaration) -> list[Step]:
     for role in ("policy", "critic", "reference", "reward"):  # experience: each model scores the rollouts
         if d.worker(role):
             steps.append(Step(f"experience:{role}", "forward", ((role, "score"),)))
-    sleeping = d.worker("policy").sleeps
+    sleeping = d.require("policy").sleeps
     for phase in TRAIN_PHASES + ("checkpoint_save", "resume"):
         if sleeping and phase in TRAIN_PHASES:  # ppo_train: reload -> fit -> offload, one model at a time
             steps += [Step(f"train_{r}:{phase}", phase, ((r, phase),)) for r in trainers]

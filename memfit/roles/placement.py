@@ -22,10 +22,11 @@ States a worker can be in (what `holding` turns into device bytes):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from memfit.breakdown import PHASES, Breakdown, PhaseProfile
 from memfit.errors import MemfitError
-from memfit.facts.catalog import find_model
+from memfit.facts.catalog import ModelSpec, find_model
 from memfit.facts.engines import engine_of
 from memfit.facts.runtime import Runtime
 from memfit.facts.scenario import Hardware, Scenario
@@ -72,23 +73,31 @@ class Worker:
     def trains(self) -> bool:
         return isinstance(self.model, TrainedRole)
 
+    def trained(self) -> TrainedRole:
+        """Its model, which trains (a declaration that gives this role a frozen model or an engine is wrong)."""
+        if not isinstance(self.model, TrainedRole):
+            raise MemfitError(f"placement: the {self.role} worker holds a {type(self.model).__name__}, "
+                              f"not a model that trains; declare it with a TrainedRole")
+        return self.model
+
     def rest_bytes(self) -> Breakdown:
         """What a trained worker keeps on each GPU between its phases."""
         if self.parking is None:
-            return self.model.idle(self.sleeps)
-        return _steady_parts(self.model, self.parking.rest_gpu)
+            return self.trained().idle(self.sleeps)
+        return _steady_parts(self.trained(), self.parking.rest_gpu)
 
     def score_base(self) -> Breakdown:
         """What a trained worker holds under a no-grad forward's transient."""
         if self.parking is None:
-            return self.model.idle(self.sleeps)
-        return _steady_parts(self.model, self.parking.score_gpu)
+            return self.trained().idle(self.sleeps)
+        return _steady_parts(self.trained(), self.parking.score_gpu)
 
     def parked_host_bytes(self) -> int:
         """Host bytes per rank its parked states (or DeepSpeed sleep) hold while it rests."""
         if self.parking is None:
-            return self.model.sleep_host_bytes() if self.sleeps else 0
-        return _steady_parts(self.model, self.parking.rest_host).total - _steady_parts(self.model, ()).total
+            return self.trained().sleep_host_bytes() if self.sleeps else 0
+        tr = self.trained()
+        return _steady_parts(tr, self.parking.rest_host).total - _steady_parts(tr, ()).total
 
 
 def _steady_parts(tr: TrainedRole, categories: tuple[str, ...]) -> Breakdown:
@@ -119,6 +128,14 @@ class Declaration:
     def worker(self, role: str) -> Worker | None:
         return next((w for w in self.workers if w.role == role), None)
 
+    def require(self, role: str) -> Worker:
+        """The worker of `role`, which the placement cannot do without."""
+        w = self.worker(role)
+        if w is None:
+            raise MemfitError(f"placement: no {role} worker is declared; roles declared: "
+                              f"{', '.join(x.role for x in self.workers)}")
+        return w
+
     def gpus(self, w: Worker) -> int:
         return self.pools[w.pool]
 
@@ -128,7 +145,7 @@ def busy(*pairs: tuple[str, str]) -> tuple[tuple[str, str], ...]:
 
 
 # ---------------------------------------------------------------------------------------------- shared helpers
-def role_scenario(s: Scenario, gpus: int, model=None) -> Scenario:
+def role_scenario(s: Scenario, gpus: int, model: ModelSpec | None = None) -> Scenario:
     """A role's own run: its GPUs (a one-GPU group trains without DDP) and model."""
     hw = s.hardware
     per_node = min(gpus, hw.gpus_per_node)
@@ -137,7 +154,7 @@ def role_scenario(s: Scenario, gpus: int, model=None) -> Scenario:
                           method="sft")
 
 
-def named_model(name: str, role: str):
+def named_model(name: str, role: str) -> ModelSpec:
     """A role's model by name; the error says how to give another."""
     try:
         return find_model(name)
@@ -145,7 +162,7 @@ def named_model(name: str, role: str):
         raise MemfitError(f"the {role} model: {e}; or give one memfit knows with --{role}-model") from None
 
 
-def reward_and_critic(s: Scenario):
+def reward_and_critic(s: Scenario) -> tuple[ModelSpec, ModelSpec]:
     """The reward and critic models a run names (the reward defaults to the actor, the critic to the reward)."""
     reward = named_model(s.reward_model, "reward") if s.reward_model else s.model
     return reward, named_model(s.critic_model, "critic") if s.critic_model else reward
@@ -169,13 +186,13 @@ def place(d: Declaration) -> Placement:
     if needed > s.world_size:
         notes.append(f"this placement needs {needed} GPUs; the hardware has {s.world_size}")
     drivers = {f"{r.role} per GPU at its own peak": r.active.total for r in roles}
-    policy = d.worker("policy").model
+    policy = d.require("policy").trained()
     return Placement(roles, groups, _host(d), policy.params, policy.trainable, drivers, needed,
                      notes + policy.states.notes, scenario=d.scenario)
 
 
 def _pool_of(d: Declaration, role: str) -> str:
-    return d.worker(role).pool
+    return d.require(role).pool
 
 
 def _by_kind(workers: list[Worker]) -> list[Worker]:
@@ -185,13 +202,14 @@ def _by_kind(workers: list[Worker]) -> list[Worker]:
 
 
 def _moments(d: Declaration) -> dict[Moment, list[Holding]]:
-    reserved = {w.role: reserved_profile(w.model.allocated, w.model.states, w.model.scenario.hardware.runtime,
-                                         w.model.scenario.tuning) for w in d.workers if w.trains}
+    reserved = {w.role: reserved_profile(m.allocated, m.states, m.scenario.hardware.runtime, m.scenario.tuning)
+                for w in d.workers if isinstance(m := w.model, TrainedRole)}
     out = {}
     for step in d.steps:
         states = dict(step.busy)
-        busy_workers = [d.worker(role) for role, _ in step.busy]
-        if any(w is None for w in busy_workers):
+        found = [d.worker(role) for role, _ in step.busy]
+        busy_workers = [w for w in found if w is not None]
+        if len(busy_workers) < len(found):
             raise MemfitError(f"placement step {step.moment!r} names a role with no worker: {step.busy}")
         rest = [] if step.alone else [w for w in d.workers if w.role not in states]
         ordered = ([w for w in busy_workers if not isinstance(w.model, Generator)]
@@ -221,6 +239,8 @@ def holding(w: Worker, state: str, reserved: PhaseProfile | None, s: Scenario) -
     if state == "sync":
         return Holding(w.process, w.role, add_parts(w.score_base(), Breakdown({"engine_buffers": w.sync_bytes})))
     _expect(w, state, TRAIN_STATES + ("sync",))
+    if reserved is None:
+        raise MemfitError(f"placement: the {w.role} trains but its reserved profile is missing")
     return trained_holding(w.process, w.role, m, state, reserved)
 
 
@@ -243,10 +263,21 @@ def _expect_state(role: str, state: str, valid: tuple[str, ...]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- roles and host
+class _Common(TypedDict):
+    """What every role's estimate says whatever its model."""
+
+    role: str
+    process: str
+    group: str
+    gpus: int
+    seq_len: int
+    notes: list[str]
+
+
 def _role(d: Declaration, w: Worker, group: str) -> RoleEstimate:
     s, m, gpus = d.scenario, w.model, d.gpus(w)
     per_node = s.hardware.gpus_per_node
-    common = dict(role=w.role, process=w.process, group=group, gpus=gpus, seq_len=s.seq_len, notes=list(w.notes))
+    common = _Common(role=w.role, process=w.process, group=group, gpus=gpus, seq_len=s.seq_len, notes=list(w.notes))
     if isinstance(m, TrainedRole):
         rs = m.scenario
         return RoleEstimate(model=rs.model.id, trains=True, engine=w.engine or engine_of(rs).describe(rs),
@@ -256,7 +287,7 @@ def _role(d: Declaration, w: Worker, group: str) -> RoleEstimate:
         return RoleEstimate(model=m.scenario.model.id, trains=False, engine=w.engine or m.engine, params=m.params,
                             trainable=0, rows=w.score_rows, idle=m.idle(), active=m.active(),
                             host_per_node=frozen_host(m, min(gpus, per_node)).peak.total, **common)
-    params = d.worker("policy").model.params if w.role == "generator" else full_params(m.model)
+    params = d.require("policy").trained().params if w.role == "generator" else full_params(m.model)
     return RoleEstimate(model=m.model.id, trains=False, engine=w.engine, params=params, trainable=0, rows=0,
                         idle=_generator_bytes(m, "rest", w.sleeps), active=m.awake(),
                         host_per_node=generator_host(m, gpus, per_node, s.hardware.runtime), **common)
@@ -269,11 +300,11 @@ def generator_host(gen: Generator, gpus: int, per_node: int, rt: Runtime) -> int
 def _host(d: Declaration) -> PhaseProfile:
     """Host RAM per node: every process's baseline and load copies, pinned offloads, slept states and weights."""
     per_node = d.scenario.hardware.gpus_per_node
-    trained = [w for w in d.workers if w.trains]
-    parts = [w.model.host for w in trained]
+    trained = [(w, w.model) for w in d.workers if isinstance(w.model, TrainedRole)]
+    parts = [tr.host for _, tr in trained]
     parts += [frozen_host(w.model, min(d.gpus(w), per_node)) for w in d.workers if isinstance(w.model, FrozenRole)]
     total = {p: add_parts(*(x.phases[p] for x in parts)) for p in PHASES}
-    extra = sum(w.parked_host_bytes() * min(w.model.scenario.world_size, per_node) for w in trained)
+    extra = sum(w.parked_host_bytes() * min(tr.scenario.world_size, per_node) for w, tr in trained)
     extra += sum(generator_host(w.model, d.gpus(w), per_node, d.scenario.hardware.runtime)
                  for w in d.workers if isinstance(w.model, Generator))
     return PhaseProfile({p: b.plus("weights", extra) for p, b in total.items()})

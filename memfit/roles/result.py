@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memfit.breakdown import Breakdown, PhaseProfile
-from memfit.facts.assumptions import records
+from memfit.facts.assumptions import Assumption, records
 from memfit.facts.scenario import Scenario
 from memfit.roles.groups import GpuGroup
 
@@ -74,7 +74,7 @@ class Estimate:
     band_kind: str = ""  # the kind of run whose error band judged it (memfit/facts/error_bands.py)
     band_fraction: float = 0.0  # that band: the share of the device total a real run may add to the estimate
     oom_chance: float = 0.0  # the chance, from the benches' errors, that the margin does not hold
-    assumptions: list[str] = field(default_factory=list)
+    assumptions: list[Assumption] = field(default_factory=list)
 
     @property
     def peak_phase(self) -> str:
