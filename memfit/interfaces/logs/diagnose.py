@@ -88,7 +88,7 @@ def _cuda_findings(f: Failure) -> list[dict]:
     if (f.other_processes_bytes or 0) >= thresholds()["other_processes_min_bytes"]:
         out.append(finding("other_processes", f"{gib(f.other_processes_bytes)} of {gpu} is held by other "
                            "processes (total - free - this process): another job or a stale process shares the GPU"))
-    if f.tried_to_allocate_bytes and f.tried_to_allocate_bytes > f.total_bytes:
+    if f.tried_to_allocate_bytes and f.total_bytes is not None and f.tried_to_allocate_bytes > f.total_bytes:
         out.append(finding("request_exceeds_gpu", f"one tensor of {gib(f.tried_to_allocate_bytes)} is larger than "
                            f"the whole GPU ({gib(f.total_bytes)}): no allocator setting helps, the shapes must shrink"))
     elif f.free_bytes is not None and f.tried_to_allocate_bytes and f.free_bytes >= f.tried_to_allocate_bytes:
@@ -99,26 +99,27 @@ def _cuda_findings(f: Failure) -> list[dict]:
 
 def timeline_findings(points: list[TimelinePoint]) -> list[dict]:
     out = []
-    gpu = [p for p in points if p.max_allocated_bytes is not None]
+    gpu = [(p.max_allocated_bytes, p) for p in points if p.max_allocated_bytes is not None]
     if gpu:
-        top = max(gpu, key=lambda p: p.max_allocated_bytes)
+        peak, top = max(gpu, key=lambda pair: pair[0])
         out.append(finding("timeline", f"DeepSpeed's see_memory_usage ({len(points)} reports): peak "
-                           f"{gib(top.max_allocated_bytes)} allocated (Max_MA) at '{top.label}', "
-                           f"{gib(max(p.reserved_bytes or 0 for p in gpu))} reserved (CA) at most",
-                           peak_allocated_bytes=top.max_allocated_bytes, label=top.label))
-    host = [p for p in points if p.host_used_bytes is not None]
+                           f"{gib(peak)} allocated (Max_MA) at '{top.label}', "
+                           f"{gib(max(p.reserved_bytes or 0 for _, p in gpu))} reserved (CA) at most",
+                           peak_allocated_bytes=peak, label=top.label))
+    host = [(p.host_used_bytes, p) for p in points if p.host_used_bytes is not None]
     if host:
-        top = max(host, key=lambda p: p.host_used_bytes)
-        node = int(top.host_used_bytes * 100 / top.host_percent) if top.host_percent else None
-        out.append(finding("timeline_host", f"host RAM used {gib(top.host_used_bytes)} ({top.host_percent:g}% of "
+        used, top = max(host, key=lambda pair: pair[0])
+        node = int(used * 100 / top.host_percent) if top.host_percent else None
+        last = host[-1][1]
+        out.append(finding("timeline_host", f"host RAM used {gib(used)} ({top.host_percent:g}% of "
                            f"the node, so about {gib(node)} in all) at '{top.label}', the last report "
-                           f"'{host[-1].label}' at {host[-1].host_percent:g}%",
-                           peak_host_bytes=top.host_used_bytes, node_bytes=node, label=top.label))
+                           f"'{last.label}' at {last.host_percent:g}%",
+                           peak_host_bytes=used, node_bytes=node, label=top.label))
     return out
 
 
 def log_fixes(f: Failure) -> list[dict]:
-    out = []
+    out: list[dict] = []
     if f.fragmentation:
         out.append({"fix": "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "from": "log", "changes": [],
                     "env": EXPANDABLE, "why": "the request fits in what PyTorch already reserved, but not in one piece"})

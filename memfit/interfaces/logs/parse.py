@@ -134,9 +134,15 @@ def size(number: str, unit: str) -> int:
 
 
 def _size_at(m: re.Match, group: str) -> int | None:
-    """The bytes of a SIZE captured as `group` (its number and unit are the next two groups)."""
+    """The bytes of a SIZE captured as `group`, None where the match left that group out."""
     if m.group(group) is None:
         return None
+    return _size_of(m, group)
+
+
+def _size_of(m: re.Match, group: str) -> int:
+    """The bytes of a SIZE captured as `group` in a match that has it (a group the pattern requires, or one the
+    caller saw matched)."""
     start = m.re.groupindex[group]  # SIZE's number and unit are the two groups inside it
     return size(m.group(start + 1), m.group(start + 2))
 
@@ -202,26 +208,29 @@ def _window(lines: list[str], i: int, start: int) -> str:
 
 def _old_form(f: Failure, m: re.Match) -> None:
     f.gpu = int(m.group("gpu")) if m.group("gpu") else None
-    f.total_bytes, f.free_bytes, f.allocated_bytes = (_size_at(m, g) for g in ("total", "free", "alloc"))
+    total, free, allocated = (_size_of(m, g) for g in ("total", "free", "alloc"))  # the pattern requires all three
+    f.total_bytes, f.free_bytes, f.allocated_bytes = total, free, allocated
     if m.group("reserved"):
-        reserved = _size_at(m, "reserved")
-        f.reserved_unallocated_bytes = max(reserved - f.allocated_bytes, 0)
+        reserved = _size_of(m, "reserved")
+        f.reserved_unallocated_bytes = max(reserved - allocated, 0)
         f.form = "pytorch-1.4-2.0"
-    else:  # 1.0-1.3 printed the cache's free blocks as "cached"
-        reserved = f.allocated_bytes + _size_at(m, "cached")
-        f.reserved_unallocated_bytes = _size_at(m, "cached")
+    else:  # 1.0-1.3 printed the cache's free blocks as "cached" (the pattern's other alternative)
+        cached = _size_of(m, "cached")
+        reserved = allocated + cached
+        f.reserved_unallocated_bytes = cached
         f.form = "pytorch-1.0-1.3"
     # no "this process" figure: its CUDA context is counted with the others (thresholds allow for it)
-    f.other_processes_bytes = max(f.total_bytes - f.free_bytes - reserved, 0)
+    f.other_processes_bytes = max(total - free - reserved, 0)
 
 
 def _new_form(f: Failure, m: re.Match, window: str) -> None:
     f.gpu = int(m.group("gpu")) if m.group("gpu") else None
-    f.total_bytes, f.free_bytes = _size_at(m, "total"), _size_at(m, "free")
+    total, free = _size_of(m, "total"), _size_of(m, "free")  # the pattern requires both
+    f.total_bytes, f.free_bytes = total, free
     f.form = "pytorch-2.1" if "capacty" in m.group(0) else "pytorch-2.2+"
     alloc = OF_ALLOCATED.search(window)
     if alloc:
-        f.allocated_bytes, f.reserved_unallocated_bytes = _size_at(alloc, "alloc"), _size_at(alloc, "unalloc")
+        f.allocated_bytes, f.reserved_unallocated_bytes = _size_of(alloc, "alloc"), _size_of(alloc, "unalloc")
     this = THIS_PROCESS.search(window)
     procs = [size(n, u) for _, n, u in PROCESS.findall(window)]
     if this:
@@ -229,7 +238,7 @@ def _new_form(f: Failure, m: re.Match, window: str) -> None:
     elif procs:
         f.this_process_bytes = _this_among(procs, (f.allocated_bytes or 0) + (f.reserved_unallocated_bytes or 0))
     if f.this_process_bytes is not None:
-        f.other_processes_bytes = max(f.total_bytes - f.free_bytes - f.this_process_bytes, 0)
+        f.other_processes_bytes = max(total - free - f.this_process_bytes, 0)
 
 
 def _this_among(procs: list[int], pytorch: int) -> int:
