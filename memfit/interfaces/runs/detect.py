@@ -91,15 +91,16 @@ def imbalance(ranks: dict[int, list[Sample]], growing: list[int]) -> dict | None
              if any(s.peak is not None for s in ss)}
     if len(peaks) < 2 or min(peaks.values()) <= 0:
         return None
-    hi, lo = max(peaks, key=peaks.get), min(peaks, key=peaks.get)
+    hi, lo = max(peaks, key=peaks.__getitem__), min(peaks, key=peaks.__getitem__)
     ratio = peaks[hi] / peaks[lo]
     if ratio < th["imbalance_min_ratio"]:
         return None
     tokens = {r: _mean([s.tokens for s in ranks[r] if s.tokens is not None]) for r in peaks}
+    known = {r: v for r, v in tokens.items() if v is not None}
     corr = None
-    if all(v is not None for v in tokens.values()) and max(tokens.values()) >= th["imbalance_min_token_ratio"] * max(
-            min(tokens.values()), 1e-9):
-        corr = pearson([peaks[r] for r in peaks], [tokens[r] for r in peaks])
+    if len(known) == len(tokens) and max(known.values()) >= th["imbalance_min_token_ratio"] * max(
+            min(known.values()), 1e-9):
+        corr = pearson([peaks[r] for r in peaks], [known[r] for r in peaks])
     follows = corr is not None and corr >= th["imbalance_min_correlation"]
     texts = finding("imbalance_tokens" if follows else "imbalance_leak")
     return {"kind": "imbalance", "ratio": round(ratio, 3), "max_rank": hi, "min_rank": lo,
@@ -115,11 +116,11 @@ def fragmentation(ranks: dict[int, list[Sample]]) -> dict | None:
     th = thresholds()
     over = []
     for r, ss in ranks.items():
-        s = next((s for s in reversed(ss) if s.reserved is not None and (s.peak_allocated or s.allocated)), None)
-        if s is None:
+        last = _last_cache(ss)
+        if last is None:
             continue
-        used = s.peak_allocated if s.peak_allocated is not None else s.allocated
-        slack = s.reserved - used
+        s, reserved, used = last
+        slack = reserved - used
         if slack >= th["fragmentation_min_bytes"] and slack / used >= th["fragmentation_min_share"]:
             over.append((slack / used, r, s, slack, used))
     if not over:
@@ -128,6 +129,16 @@ def fragmentation(ranks: dict[int, list[Sample]]) -> dict | None:
     return {"kind": "fragmentation", "rank": r, "step": s.step, "reserved_bytes": s.reserved,
             "peak_allocated_bytes": used, "slack_bytes": slack, "share": round(share, 3),
             "ranks": sorted(x[1] for x in over), **finding("fragmentation")}
+
+
+def _last_cache(ss: list[Sample]) -> tuple[Sample, int, int] | None:
+    """The last sample that has reserved bytes and a nonzero allocated peak (or allocated, where no peak was
+    read): (that sample, its reserved bytes, its allocated bytes)."""
+    for s in reversed(ss):
+        used = s.peak_allocated if s.peak_allocated is not None else s.allocated
+        if s.reserved is not None and used is not None and (s.peak_allocated or s.allocated):
+            return s, s.reserved, used
+    return None
 
 
 def rank_summary(ss: list[Sample]) -> dict:
