@@ -138,10 +138,10 @@ def by_phase_chart(doc: dict) -> list[str]:
                                   mark="UNDER" if bar == "measured" and r["under_predicted"] else "", kind="bar",
                                   classes={bar: css}))
     title = "each marked phase: measured peak (allocated) against memfit's estimate"
-    key = [Series("measured: the phase's highest peak over ranks and steps", [], "s0"),
-           Series("memfit's estimate of the phase", [], "s1")]
+    legend_key = [Series("measured: the phase's highest peak over ranks and steps", [], "s0"),
+                  Series("memfit's estimate of the phase", [], "s1")]
     return ['<figure id="by-phase"><figcaption>' + escape(title) + "</figcaption>",
-            stacked_chart("run-by-phase", title, columns, _levels(doc)), series_legend(key), "</figure>"]
+            stacked_chart("run-by-phase", title, columns, _levels(doc)), series_legend(legend_key), "</figure>"]
 
 
 def watch_page(doc: dict) -> str:

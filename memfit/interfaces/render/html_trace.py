@@ -42,8 +42,10 @@ def timeline_chart(doc: dict, capacity: int | None) -> str:
     marks = [Mark(top[0], f"peak {gib(top[1])} GiB (step {top[2]}, {top[3]})",
                   {"mark": "peak", "bytes": str(top[1]), "tick": str(top[0]), "phase": top[3]})]
     # the card's line only where it leaves the timeline readable (a small model's trace is a flat line under it)
-    shown = bool(capacity) and top[1] * SCALE >= capacity
-    levels = [Line("capacity", "GPU capacity", capacity)] if shown else []
+    levels: list[Line] = []
+    if capacity and top[1] * SCALE >= capacity:
+        levels = [Line("capacity", "GPU capacity", capacity)]
+    shown = bool(levels)
     note = "" if shown or not capacity else (f'<p class="note">GPU capacity {gib(capacity)} GiB: off this scale '
                                              f"(the traced peak is {top[1] / capacity:.2%} of it)</p>")
     title = "allocated over the trace's events (every allocation and free, all steps)"

@@ -17,7 +17,7 @@ def role_peaks(e) -> list[tuple[str, int, int, str, str]]:
     for r in e.roles:
         g = e.group(r.group)
         held = {m: by_role[r.role].total for m, by_role in g.moments.items() if r.role in by_role}
-        moment = max(held, key=held.get) if held else g.peak_moment
+        moment = max(held, key=held.__getitem__) if held else g.peak_moment
         steady = len(held) > 1 and len(set(held.values())) == 1  # the same at every moment (a vLLM reservation)
         out.append((r.role, r.gpus, held.get(moment, 0), "every moment" if steady else moment, g.name))
     return out

@@ -6,6 +6,7 @@ classes (cat-<category>), so one chart reads in the light and the dark theme. St
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from html import escape
 
@@ -150,19 +151,19 @@ def _level(f: _Frame, ln: Line, label_y: float | None = None) -> list[str]:
             f'{gib(ln.nbytes)} GiB</text>']
 
 
-def stacked_chart(chart_id: str, title: str, columns: list[Column], lines: list[Line] = ()) -> str:
+def stacked_chart(chart_id: str, title: str, columns: list[Column], lines: Sequence[Line] = ()) -> str:
     """An <svg> of stacked columns (bytes by category) with horizontal levels; `title` is its accessible name."""
-    lines = list(lines)
-    f = _Frame(columns, lines)
+    levels = list(lines)
+    f = _Frame(columns, levels)
     body = [f'<svg class="chart" id="{escape(chart_id)}" role="img" aria-label="{escape(title)}" '
             f'viewBox="0 0 {f.width:.0f} {HEIGHT}" width="{f.width:.0f}" height="{HEIGHT}">',
             f"<title>{escape(title)}</title>"]
-    for ln in lines:
+    for ln in levels:
         body += _level(f, ln)[:1]  # the over-capacity shade goes under everything
     body += _axis(f)
     for i, c in enumerate(columns):
         body += _segments(f, i, c)
-    for ln, ly in zip(lines, _label_ys(f, lines)):
+    for ln, ly in zip(levels, _label_ys(f, levels)):
         body += _level(f, ln, ly)[1:]  # the level lines go over the columns
     body.append("</svg>")
     return "\n".join(x for x in body if x)

@@ -8,6 +8,7 @@ so a test (or a reader of the page's source) can check them. Standard library on
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from html import escape
 
@@ -23,7 +24,7 @@ class Series:
     """One line: (x, bytes) points in x order; `css` names its colour class."""
 
     name: str
-    points: list[tuple[float, int]]
+    points: Sequence[tuple[float, int]]
     css: str = "s0"
     attrs: dict[str, str] = field(default_factory=dict)  # data-* on its line and every dot
     step: bool = False  # hold each value until the next x (an allocator's level between events)
@@ -40,7 +41,8 @@ class Mark:
 
 
 class _Frame:
-    def __init__(self, series: list[Series], levels: list[Line], log_x: bool, x_range=None):
+    def __init__(self, series: list[Series], levels: list[Line], log_x: bool,
+                 x_range: tuple[float, float] | None = None):
         xs = [x for s in series for x, _ in s.points] or [1]
         self.log = log_x
         lo, hi = x_range or (min(xs), max(xs))
@@ -81,10 +83,10 @@ def _axes(f: _Frame, x_title: str, x_ticks: list[float] | None) -> list[str]:
         out.append(f'<text class="tick" x="{LEFT - 6}" y="{y}" text-anchor="end" dominant-baseline="middle">'
                    f'{_tick_label(t)}</text>')
     base = f.y(0)
-    for t in _x_ticks(f, x_ticks):
-        x = f"{f.x(t):.1f}"
+    for xt in _x_ticks(f, x_ticks):
+        x = f"{f.x(xt):.1f}"
         out.append(f'<line class="grid" x1="{x}" x2="{x}" y1="{TOP}" y2="{base:.1f}"/>')
-        out.append(f'<text class="tick" x="{x}" y="{base + 14:.1f}" text-anchor="middle">{_x_label(t)}</text>')
+        out.append(f'<text class="tick" x="{x}" y="{base + 14:.1f}" text-anchor="middle">{_x_label(xt)}</text>')
     mid = TOP + f.plot_h / 2
     out.append(f'<text class="axis-title" x="14" y="{mid:.0f}" text-anchor="middle" '
                f'transform="rotate(-90 14 {mid:.0f})">GiB</text>')
@@ -135,21 +137,22 @@ def _mark(f: _Frame, m: Mark, row: int) -> list[str]:
             f'{escape(m.label)}</text>']
 
 
-def line_chart(chart_id: str, title: str, series: list[Series], levels: list[Line] = (), marks: list[Mark] = (),
-               x_title: str = "", log_x: bool = False, x_ticks: list[float] | None = None, x_range=None) -> str:
+def line_chart(chart_id: str, title: str, series: list[Series], levels: Sequence[Line] = (),
+               marks: Sequence[Mark] = (), x_title: str = "", log_x: bool = False, x_ticks: list[float] | None = None,
+               x_range: tuple[float, float] | None = None) -> str:
     """An <svg> of lines of bytes against x, with horizontal `levels` and vertical `marks`."""
-    levels, marks = list(levels), list(marks)
-    f = _Frame(series, levels, log_x, x_range)
+    level_lines, mark_lines = list(levels), list(marks)
+    f = _Frame(series, level_lines, log_x, x_range)
     body = [f'<svg class="chart line-chart" id="{escape(chart_id)}" role="img" aria-label="{escape(title)}" '
             f'viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}">', f"<title>{escape(title)}</title>"]
     body += _axes(f, x_title, x_ticks)
-    for row, m in enumerate(marks[:3]):
+    for row, m in enumerate(mark_lines[:3]):
         body += _mark(f, m, row)
     for s in series:
         body.append(_path(f, s))
     for s in series:
         body += _dots(f, s)
-    for ln in levels:
+    for ln in level_lines:
         body += _level(f, ln)
     body.append("</svg>")
     return "\n".join(body)
