@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+from collections.abc import Callable
 
 from memfit.errors import MemfitError
 from memfit.facts.knobs import Knob, hardware, inputs, knobs
@@ -37,7 +38,8 @@ class Parser(argparse.ArgumentParser):
     def _chosen(self, ns: argparse.Namespace) -> argparse.ArgumentParser:
         for action in self._actions:
             if isinstance(action, argparse._SubParsersAction):
-                return action.choices.get(getattr(ns, action.dest, None), self)
+                chosen = getattr(ns, action.dest, None)
+                return self if chosen is None else action.choices.get(chosen, self)
         return self
 
 
@@ -74,7 +76,7 @@ def _with_suggestion(message: str) -> str:
     return f"unknown {what} {given!r}" + (f"; did you mean {near}?" if near else "") + f" (one of: {', '.join(choices)})"
 
 
-def case_free(values) -> callable:
+def case_free(values) -> Callable[[str], str]:
     """An argparse type: a value matched to its choice whatever its case (`--tuning Lora` is lora); anything else
     is passed on unchanged for the knob's own check to name what would be valid."""
     table = {str(v).lower(): str(v) for v in values}
@@ -193,15 +195,25 @@ def hardware_from_args(a: argparse.Namespace):
     from memfit.interfaces.machine import load_runtime
 
     table = hardware()
-    if not a.gpu and not a.gpu_mem:
-        raise MemfitError("say which GPU: --gpu NAME (see `memfit gpus`) or --gpu-mem 24GiB")
-    gpu = find_gpu(a.gpu) if a.gpu else None
+    named = find_gpu(a.gpu) if a.gpu else None
     if a.gpu_mem:
-        gpu = custom_gpu(parse_size(a.gpu_mem, table["gpu_mem"].label), like=gpu)
+        gpu = custom_gpu(parse_size(a.gpu_mem, table["gpu_mem"].label), like=named)
+    elif named is not None:
+        gpu = named
+    else:
+        raise MemfitError("say which GPU: --gpu NAME (see `memfit gpus`) or --gpu-mem 24GiB")
     host = parse_size(a.host_ram, table["host_ram"].label) if a.host_ram else None
-    count = {name: getattr(a, name) if getattr(a, name) is not None else table[name].default
-             for name in ("gpus_per_node", "nodes")}
-    return Hardware(gpu=gpu, host_ram=host, runtime=load_runtime(getattr(a, "machine", None)), **count)
+    return Hardware(gpu=gpu, host_ram=host, runtime=load_runtime(getattr(a, "machine", None)),
+                    gpus_per_node=_count(a, table["gpus_per_node"]), nodes=_count(a, table["nodes"]))
+
+
+def _count(a: argparse.Namespace, k: Knob) -> int:
+    """A whole-number hardware flag as given, else its knob's default."""
+    value = getattr(a, k.name)
+    value = k.default if value is None else value
+    if not isinstance(value, int):
+        raise MemfitError(f"{k.flag} must be a whole number; got {value!r}")
+    return value
 
 
 def scenario_from_args(a: argparse.Namespace):
@@ -214,6 +226,7 @@ def scenario_and_file(a: argparse.Namespace, hw=None):
     carry them)."""
     from dataclasses import replace
 
+    from memfit.facts.assumptions import from_source
     from memfit.facts.catalog import find_model
     from memfit.facts.profiles import build_scenario
     from memfit.interfaces.lockfiles import framework_versions
@@ -243,7 +256,7 @@ def scenario_and_file(a: argparse.Namespace, hw=None):
         unread = file_unread(imported, host=hw.host_ram is not None)
         # an unread setting is printed once, as the estimate's "not read" line (it caps the verdict there)
         notes = [n for n in dict.fromkeys(notes + file_notes(imported)) if n not in unread]
-        s = replace(s, assumed=s.assumed + tuple(notes), unread=tuple(unread))
+        s = replace(s, assumed=s.assumed + tuple(from_source(notes, "config")), unread=tuple(unread))
     return s, imported, notes
 
 

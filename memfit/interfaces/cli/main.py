@@ -216,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # characters str.splitlines() (and some terminals) break a line at; an argument or file value may hold one
-_LINE_BREAKS = {c: repr(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
+_LINE_BREAKS: dict[str, str | int | None] = {c: repr(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
 
 
 def one_line(message: str) -> str:

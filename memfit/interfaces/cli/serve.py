@@ -64,7 +64,8 @@ def check_remote(host: str, allow_remote: bool) -> str | None:
 def _loopback(host: str) -> bool:
     """Whether every address `host` names is this machine's loopback (127.0.0.0/8, ::1)."""
     try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(host.strip("[]"), None, type=socket.SOCK_STREAM)}
+        addresses = {a for info in socket.getaddrinfo(host.strip("[]"), None, type=socket.SOCK_STREAM)
+                     if isinstance(a := info[4][0], str)}  # an IP family's address is a str
     except OSError:
         raise MemfitError(f"cannot listen on {host}: no such address (give an IP address or a name this machine "
                           "resolves)") from None
@@ -78,7 +79,8 @@ def served_names(host: str) -> tuple[str, ...]:
         return (host,)
     names = {socket.gethostname(), socket.getfqdn()}
     try:
-        names |= {info[4][0] for name in list(names) for info in socket.getaddrinfo(name, None)}
+        names |= {a for name in list(names) for info in socket.getaddrinfo(name, None)
+                  if isinstance(a := info[4][0], str)}  # an IP family's address is a str
     except OSError:
         pass  # a name that does not resolve: reached by its name only
     return tuple(sorted(names))

@@ -136,9 +136,10 @@ def print_report(report: dict) -> None:
     vs = report.get("vs_estimate")
     if vs and not vs["available"]:
         print(f"vs memfit's estimate: {vs['why']}")
-    for basis, row in (vs or {}).items() if vs and vs["available"] else ():
+    available = vs if vs and vs["available"] else {}
+    for basis, row in available.items():
         if isinstance(row, dict):
-            print(f"vs memfit's estimate ({basis}, peak in {vs['peak_phase']}): {_versus(row)}")
+            print(f"vs memfit's estimate ({basis}, peak in {available['peak_phase']}): {_versus(row)}")
     for row in (vs or {}).get("by_phase", ()):
         print(f"  {row['phase']} (allocated peak of the phase): {_versus(row)}")
     for f in report["findings"]:
