@@ -107,7 +107,8 @@ def _sharding(v: dict) -> str:
         return f"ZeRO-{v.get('zero_stage')}"
     if engine == "fsdp":
         return f"FSDP {v.get('fsdp_strategy') or 'full_shard'}"
-    return {"ddp": "DDP", "single": "one GPU"}.get(engine, str(engine))
+    plain = {"ddp": "DDP", "single": "one GPU"}
+    return plain.get(engine, str(engine)) if isinstance(engine, str) else str(engine)
 
 
 def _word(value) -> str:

@@ -59,10 +59,12 @@ def row_fields(body, start: dict, config: dict) -> dict | None:
         try:
             requests.scenario(_with(body, fields), requests.EXTRA_KEYS["plan"])
             return fields
-        except MemfitError as e:
-            if getattr(e, "field", None) not in fields:
+        except requests.FieldError as e:
+            if e.field not in fields:
                 return None
-            del fields[e.field]  # "--checkpoint-every-n has no effect here": the row's value of it is inert
+            del fields[e.field]
+        except MemfitError:  # an error about no one field: the form would not be read
+            return None  # "--checkpoint-every-n has no effect here": the row's value of it is inert
     return None
 
 

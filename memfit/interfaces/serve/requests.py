@@ -48,7 +48,7 @@ def _table() -> dict[str, Knob]:
 @cache
 def spellings() -> dict[str, str]:
     """Every key a request may use -> the knob's name: the name, and each flag spelling with `_` for `-`."""
-    out = {}
+    out: dict[str, str] = {}
     for name, k in _table().items():
         for flag in (k.flag, *k.aliases):
             out.setdefault(flag.lstrip("-").replace("-", "_"), name)
@@ -268,7 +268,8 @@ def model_from_object(config: dict, display=None):
 
     name = display_name(display) if isinstance(display, str) and display.strip() else "config.json (uploaded)"
     try:
-        return model_from_config_file(_Uploaded(json.dumps(config), name))
+        # an upload stands in for the Path: the reader calls only the Path methods _Uploaded answers
+        return model_from_config_file(_Uploaded(json.dumps(config), name))  # type: ignore[arg-type]
     except FieldError:
         raise
     except MemfitError as e:

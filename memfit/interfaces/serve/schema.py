@@ -5,11 +5,11 @@ from __future__ import annotations
 from memfit.facts.knobs import Knob, hardware, inputs, knobs
 from memfit.interfaces.serve.requests import EXTRA_KEYS, REFUSED
 
-JSON_TYPES = {"int": {"type": "integer"}, "float": {"type": "number"}, "bool": {"type": "boolean"},
+JSON_TYPES: dict[str, dict] = {"int": {"type": "integer"}, "float": {"type": "number"}, "bool": {"type": "boolean"},
               "str": {"type": "string"}, "size": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
               "list": {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "string"}]},
               "pairs": {"anyOf": [{"type": "object", "additionalProperties": {"type": "integer"}}, {"type": "string"}]}}
-EXTRA = {
+EXTRA: dict[str, dict] = {
     "model": {"anyOf": [{"type": "string"}, {"type": "object"}],
               "description": "hub id or alias (see `memfit models`), or a config.json's content as an object"},
     "model_name": {"type": "string", "description": "display name of an uploaded config.json"},
