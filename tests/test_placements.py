@@ -104,3 +104,16 @@ def test_openrlhf_ppo_runs_through_its_declaration(scenario):
     moments = set(e.group().moments)
     assert {"load:vllm", "generate", "experience:reference", "train_policy:backward", "train_critic:backward",
             "weight_sync"} <= moments
+
+
+def test_a_declaration_without_a_trained_policy_is_one_clear_line(scenario):
+    s = scenario(model="qwen2-7b", gpu="h100-sxm", gpus=8, method="grpo", profile="openrlhf", seq_len=1024)
+    d = _one_pool_declaration(s, True)
+    no_policy = Declaration(s, d.pools, [d.workers[1]], [d.steps[1]])
+    with pytest.raises(MemfitError, match="no policy worker is declared; roles declared: reference"):
+        generic.place(no_policy)
+    frozen = Worker("policy", "actor", "all", d.workers[1].model, score_rows=2)
+    frozen_policy = Declaration(s, d.pools, [frozen, d.workers[1]], [d.steps[1]])
+    with pytest.raises(MemfitError, match="the policy worker holds a FrozenRole, not a model that trains") as e:
+        generic.place(frozen_policy)
+    assert "\n" not in str(e.value)
