@@ -146,11 +146,12 @@ def _shaped_permutations(wanted: bool):
     from peft.tuners.boft.layer import BOFTLayer
 
     original = BOFTLayer.perm2mat
-    BOFTLayer.perm2mat = lambda self, indices: torch.zeros((len(indices), len(indices)))  # type: ignore[method-assign]  # patched for the trace, restored below
+    # a class's method patched for the trace (mypy refuses method assignment), PEFT's own put back below
+    BOFTLayer.perm2mat = lambda self, indices: torch.zeros((len(indices), len(indices)))  # type: ignore[method-assign]
     try:
         yield
     finally:
-        BOFTLayer.perm2mat = original  # type: ignore[method-assign]  # PEFT's own method back
+        BOFTLayer.perm2mat = original  # type: ignore[method-assign]
 
 
 class _AlwaysKept:
