@@ -13,6 +13,7 @@ from __future__ import annotations
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -88,7 +89,7 @@ class Accountant(TorchDispatchMode):
         self.peaks: dict[str, _Peak] = {}
         self.marks: dict[str, Breakdown] = {}
         self.timeline: list[TimelinePoint] = []
-        self.inspect = None  # optional callback(mark, accountant) the runner calls at marks
+        self.inspect: Callable[[str, Accountant], None] | None = None  # optional: the runner calls it at marks
         # opt-in event recorder (memfit.trace.allocator replays it): a list to append (+1 | -1, serial, raw
         # storage bytes, record) to at every allocation and free; None (the default) records nothing
         self.events: list | None = None

@@ -200,6 +200,8 @@ class CachingAllocator:
     def _release_oversize(self, size: int) -> None:
         """c10 release_available_cached_blocks (max_split_size only): free oversize whole segments, largest first."""
         mss = self.rules.max_split_size
+        if mss is None:  # no size is oversize
+            return
         for bsize, addr in sorted(self._free[False], reverse=True):
             block = self._start[addr]
             if bsize >= mss and block.size == block.seg.size and not self._room(self.rules.segment_size(size)):

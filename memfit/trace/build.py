@@ -23,6 +23,7 @@ import json
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,6 +31,9 @@ from memfit.facts.catalog import ModelSpec, architectures
 from memfit.errors import MemfitError
 from memfit.facts.scenario import Scenario
 from memfit.trace.peft import apply_peft, is_adapter
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # Hub remote-code families -> the transformers-native family with the same parameter shapes.
 SUBSTITUTES = {
@@ -45,7 +49,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 @dataclass
 class BuiltModel:
     model: torch.nn.Module  # what the training loop calls (PeftModel or the transformers model)
-    hf_model: torch.nn.Module  # the transformers *ForCausalLM inside
+    hf_model: PreTrainedModel  # the transformers *ForCausalLM inside
     compute_dtype: torch.dtype
     autocast_dtype: torch.dtype | None  # None = no autocast region
     family: str  # transformers model_type actually built
@@ -247,10 +251,10 @@ def dtypes_for(scenario: Scenario) -> tuple[torch.dtype, torch.dtype, torch.dtyp
     return frozen, trainable, adapters
 
 
-def _decoder_layers(hf_model) -> torch.nn.ModuleList:
+def _decoder_layers(hf_model) -> list[torch.nn.Module]:
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    layers = [m for m in hf_model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    layers: list[torch.nn.Module] = [m for m in hf_model.modules() if isinstance(m, GradientCheckpointingLayer)]
     if not layers:
         raise MemfitError(f"cannot find the decoder layers of {type(hf_model).__name__}")
     return layers

@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
 
+from memfit.errors import MemfitError
+from memfit.trace.accountant import Accountant
 from memfit.trace.autocast import CudaAutocastPolicy
 
 _ORIG_SDPA = F.scaled_dot_product_attention
@@ -65,7 +67,7 @@ class CudaTarget:
 @dataclass
 class _State:
     target: CudaTarget
-    accountant: object | None = None  # to hide reference math in real runs
+    accountant: Accountant | None = None  # to hide reference math in real runs
     unpad_tokens: int | None = None  # flash: real tokens when the batch is padded (None = no padding)
     batch_indices: torch.Tensor | None = None  # real runs: which flattened positions are real tokens
     kernels: Counter = field(default_factory=Counter)  # attention kernels used, for the report
@@ -285,7 +287,7 @@ class _FlashAttn2(torch.autograd.Function):
             b, t = q.shape[0], q.shape[1]
             work = [q.new_empty((b, heads, _round(t, 128)), dtype=torch.float32),
                     q.new_empty((b, _round(t, 128), heads, d_round), dtype=torch.float32)]
-            expanded = (b, k.shape[1], heads, d)
+            expanded: tuple[int, ...] = (b, k.shape[1], heads, d)
         else:  # varlen: (total + 128 * batch) rows; one sequence stands for the batch here
             total = q.shape[0]
             work = [q.new_empty((heads, total + 128), dtype=torch.float32),
@@ -331,6 +333,9 @@ def flash_attention_forward(module, query, key, value, attention_mask, dropout=0
         seqlens = torch.empty((batch,), dtype=torch.int32, device=q.device)
         cu_seqlens = torch.empty((batch + 1,), dtype=torch.int32, device=q.device)
         if not _is_fake(q):
+            if state.batch_indices is None:
+                raise MemfitError("a real padded flash-attention run needs the batch's token indices "
+                                  "(emulate_cuda(..., unpad_tokens=..., batch_indices=...))")
             indices.copy_(state.batch_indices)
         q, k, v = (_index_first_axis(x, indices) for x in (q, k, v))
         state.kernels["flash_attention_2:varlen"] += 1

@@ -18,7 +18,7 @@ import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeGuard
 
 DATA = Path(__file__).resolve().parent.parent / "facts" / "data"
 
@@ -72,7 +72,7 @@ def moved(old_text: str, new_text: str) -> list[str]:
     return lines
 
 
-def _number(x) -> bool:
+def _number(x: object) -> TypeGuard[int | float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 

@@ -54,7 +54,7 @@ source_dir, available, file_sha256, load = SOURCE.source_dir, SOURCE.available, 
 class GlmBuilt(BuiltModel):
     @property
     def lm_head(self) -> torch.nn.Module:  # the file defines no get_output_embeddings
-        return self.hf_model.transformer.output_layer
+        return self.hf_model.get_submodule("transformer.output_layer")
 
 
 def _mask_hook(pad_tokens: int):
@@ -155,7 +155,8 @@ def trace(s: Scenario, steps: int = 2, layers: int | None = None, pad_tokens: in
     target = CudaTarget.for_gpu(s.hardware.gpu)
     phases, marks, kernels = training_step.run_steps(
         acc, built, steps, lambda step: _step(acc, built, ref, optimizer, s, step, pad_tokens, target), fake_mode, ref)
-    return Glm4Trace(phases, marks, kernels, bool(built.hf_model.transformer.encoder.gradient_checkpointing), live)
+    encoder = built.hf_model.get_submodule("transformer.encoder")
+    return Glm4Trace(phases, marks, kernels, bool(encoder.gradient_checkpointing), live)
 
 
 def _step(acc, built, ref, optimizer, s, step, pad_tokens, target) -> dict:

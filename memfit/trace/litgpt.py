@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import asdict, dataclass, field
+from typing import Literal
 
 import torch
 
@@ -31,6 +32,7 @@ from memfit.trace.accountant import Accountant
 from memfit.trace.cuda import CudaTarget, emulate_cuda
 
 METHODS = ("full", "lora", "adapter", "adapter_v2")
+LitPrecision = Literal["bf16-true", "bf16-mixed"]  # the Fabric precisions LitGPT's finetune scripts run
 HEAD_CHUNK = 128  # finetune/{lora,adapter,adapter_v2}.py: model(input_ids, lm_head_chunk_size=128)
 
 
@@ -44,7 +46,7 @@ class LitRun:
     devices: int = 1  # > 1: Blocks are activation-checkpointed as the multi-device strategies do
     lora: dict = field(default_factory=dict)  # finetune/lora.py setup() arguments (lora_r, lora_mlp, ...)
     steps: int = 2
-    precision: str = "bf16-true"  # or "bf16-mixed" (LitGPT's own default): fp32 model, forward under autocast
+    precision: LitPrecision = "bf16-true"  # or "bf16-mixed" (LitGPT's own default): fp32 model, forward under autocast
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -89,7 +91,7 @@ def make_config(run: LitRun):
     return config_cls.from_name(run.config, **kwargs)
 
 
-def _fabric(precision: str):
+def _fabric(precision: LitPrecision):
     import lightning as L
 
     return L.Fabric(accelerator="cpu", devices=1, precision=precision)
@@ -249,7 +251,7 @@ def _result(run: LitRun, acc: Accountant, gpt) -> dict:
     marks = {k.split("@")[0]: dict(b.parts) for k, b in acc.marks.items() if k.endswith(f"@{last}")}
     trainable = sum(p.numel() for p in gpt.parameters() if p.requires_grad)
     at = CATEGORIES.index("logits_loss")
-    logits_max = {}  # the largest logits_loss of each phase, whenever in the phase it comes
+    logits_max: dict[str, int] = {}  # the largest logits_loss of each phase, whenever in the phase it comes
     for point in acc.timeline:
         if point.step == last:
             logits_max[point.phase] = max(logits_max.get(point.phase, 0), point.parts[at])

@@ -49,7 +49,8 @@ def _model(family: str, vocab: int, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    config = CONFIG_MAPPING[family](**_SIZES, **FAMILIES[family], vocab_size=vocab)
+    # the mapping is typed with the base config class, whose signature lacks each family's own sizes
+    config = CONFIG_MAPPING[family](**_SIZES, **FAMILIES[family], vocab_size=vocab)  # type: ignore[call-arg, arg-type]
     config._attn_implementation = "eager"  # the attention does not grow with the vocabulary: any kernel will do
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -100,18 +101,19 @@ def _patched_cross_entropy():
     `CrossEntropyLoss` name each loaded modeling module imported (older releases) - FOAK's patch points."""
     import torch.nn.functional as F
 
-    modules = [m for name, m in sys.modules.items()
-               if name.startswith("transformers.models.") and hasattr(m, "CrossEntropyLoss")]
-    saved = F.cross_entropy, [m.CrossEntropyLoss for m in modules]
+    name = "CrossEntropyLoss"  # the class a modeling module imported under this name
+    modules = [m for module_name, m in sys.modules.items()
+               if module_name.startswith("transformers.models.") and hasattr(m, name)]
+    saved = F.cross_entropy, [getattr(m, name) for m in modules]
     F.cross_entropy = _inplace_ce
     for m in modules:
-        m.CrossEntropyLoss = _InPlaceCrossEntropyLoss
+        setattr(m, name, _InPlaceCrossEntropyLoss)
     try:
         yield
     finally:
         F.cross_entropy = saved[0]
         for m, original in zip(modules, saved[1]):
-            m.CrossEntropyLoss = original
+            setattr(m, name, original)
 
 
 def _step(family: str, tokens: int, vocab: int, dtype: torch.dtype, inplace: bool = False,

@@ -3,6 +3,7 @@ with PEFT's own config classes so the trace runs PEFT's own layers."""
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import TypedDict
 
 from memfit.errors import MemfitError
 from memfit.facts.adapters import adapter_methods, method_info, wraps
@@ -64,7 +65,7 @@ def _names(spec: ModelSpec, built_family: str, targets: tuple[str, ...]) -> list
     feedforward modules among them)."""
     built = architectures().get(built_family, {}).get("linear_names") or spec.linear_names
     found = lora_target_modules(spec, built_family, targets)
-    return sorted(built) if found == "all-linear" else found
+    return sorted(built) if isinstance(found, str) else found
 
 
 def _norm_names(model) -> list[str]:
@@ -80,6 +81,13 @@ def saved_module_names(model, wanted: tuple[str, ...]) -> list[str]:
     return [names[id(modules[w])] for w in wanted]
 
 
+class _CommonArgs(TypedDict):
+    """The arguments every targeted PEFT method's config takes alike."""
+    target_modules: list[str]
+    task_type: str
+    modules_to_save: list[str] | None
+
+
 def _config(s: Scenario, family: str, model):
     import peft
 
@@ -92,8 +100,8 @@ def _config(s: Scenario, family: str, model):
         return peft.TrainableTokensConfig(token_indices=list(range(s.trainable_tokens)), task_type="CAUSAL_LM")
     info = method_info(s.tuning)
     names = _names(s.model, family, s.lora_targets)
-    common = {"target_modules": names, "task_type": "CAUSAL_LM",
-              "modules_to_save": saved_module_names(model, s.modules_to_save) or None}
+    common = _CommonArgs(target_modules=names, task_type="CAUSAL_LM",
+                         modules_to_save=saved_module_names(model, s.modules_to_save) or None)
     if s.tuning == "ia3":
         built = architectures().get(family, {}).get("linear_names") or s.model.linear_names
         ff = [n for n in names if set(built.get(n, [])) <= set(info["feedforward_roles"])]
@@ -138,11 +146,12 @@ def _shaped_permutations(wanted: bool):
     from peft.tuners.boft.layer import BOFTLayer
 
     original = BOFTLayer.perm2mat
-    BOFTLayer.perm2mat = lambda self, indices: torch.zeros((len(indices), len(indices)))
+    # a class's method patched for the trace (mypy refuses method assignment), PEFT's own put back below
+    BOFTLayer.perm2mat = lambda self, indices: torch.zeros((len(indices), len(indices)))  # type: ignore[method-assign]
     try:
         yield
     finally:
-        BOFTLayer.perm2mat = original
+        BOFTLayer.perm2mat = original  # type: ignore[method-assign]
 
 
 class _AlwaysKept:

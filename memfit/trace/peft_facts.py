@@ -24,7 +24,7 @@ import torch
 
 from memfit.trace.autocast import CudaAutocastPolicy
 from memfit.trace.fact_file import write_or_check
-from memfit.trace.peft_terms import SETUPS, agreed, tensor_terms, monomial  # noqa: F401 (tests read monomial here)
+from memfit.trace.peft_terms import SETUPS, agreed, saving_into, tensor_terms, monomial  # noqa: F401 (tests read monomial here)
 
 OUT = Path(__file__).resolve().parent.parent / "facts" / "data" / "peft.toml"
 SIZES = {"T": 29, "I": 11, "O": 13, "R": 7}  # tokens, in_features, out_features, rank
@@ -122,8 +122,8 @@ def layer_facts(method: str, autocast: bool, frozen, adapter, sizes: dict = SIZE
     x_in = x * 1  # a non-leaf input, as a layer's Linears see
     held = {p.untyped_storage().data_ptr() for p in model.parameters()}
     held |= {b.untyped_storage().data_ptr() for b in model.buffers()}
-    saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+    saved: list[torch.Tensor] = []
+    with saving_into(saved):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), CudaAutocastPolicy():
             model(x_in)
     reads_input = any(t.untyped_storage().data_ptr() == x_in.untyped_storage().data_ptr() for t in saved)
@@ -172,7 +172,7 @@ def backward_weight_copies(method: str, autocast: bool, frozen, adapter, wide: d
 
 
 def derive() -> dict:
-    facts = {}
+    facts: dict[str, dict] = {}
     for method, size_sets in METHOD_SIZES.items():
         facts[method] = {}
         for name, autocast, frozen, adapter in SETUPS:

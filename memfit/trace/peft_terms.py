@@ -13,6 +13,18 @@ SETUPS = (("autocast", True, torch.bfloat16, torch.float32),
           ("fp32", False, torch.float32, torch.float32))
 
 
+def saving_into(saved: list[torch.Tensor]) -> torch.autograd.graph.saved_tensors_hooks:
+    """Hooks that append every tensor autograd saves to `saved`, and hand it back unchanged."""
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t)
+        return t
+
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+
 def monomial(count: int, sizes: dict) -> str:
     """`count` as a product of the named sizes, e.g. 29 * 11 -> "T*I"; a leftover factor is kept as a number.
     Named sizes may be products of others (I = I1*I2): the reading with the smallest leftover, then the fewest

@@ -13,9 +13,13 @@ the packed weight for backward, dequantize again in backward. LoRA layers on top
 from __future__ import annotations
 
 import types
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 BLOCKSIZE = 64  # bitsandbytes quantize_4bit default
 DQ_BLOCKSIZE = 256  # double quantization of absmax (compress_statistics)
@@ -155,7 +159,16 @@ def _lora_bnb_forward(self, x, *args, **kwargs):
     return result
 
 
-def quantize_linears(model: nn.Module, hf_model: nn.Module, compute_dtype: torch.dtype, bits: int = 4) -> str:
+def _adapts_quantized(module: nn.Module) -> bool:
+    """A PEFT LoRA layer over a quantized Linear: only those take the bitsandbytes forward. bitsandbytes leaves
+    stacked expert parameters unquantized, and PEFT's own wrapper of them (its forward returns the experts' tuple)
+    keeps its forward."""
+    from peft.tuners.lora import LoraLayer
+
+    return isinstance(module, LoraLayer) and isinstance(getattr(module, "base_layer", None), (Linear4bit, Linear8bitLt))
+
+
+def quantize_linears(model: nn.Module, hf_model: PreTrainedModel, compute_dtype: torch.dtype, bits: int = 4) -> str:
     """Replace every base Linear except the output embedding by a 4-bit (or 8-bit) stand-in; returns a note."""
     from memfit.dtypes import INT8_OUTLIER_SHARE as OUTLIER_SHARE
 
@@ -180,9 +193,7 @@ def quantize_linears(model: nn.Module, hf_model: nn.Module, compute_dtype: torch
                 continue
             setattr(parent, child_name, Linear4bit(child) if bits == 4 else Linear8bitLt(child, OUTLIER_SHARE))
             count += 1
-        if isinstance(parent, LoraLayer) and isinstance(getattr(parent, "base_layer", None), (Linear4bit, Linear8bitLt)):
-            # only adapters over a quantized Linear: bitsandbytes leaves stacked expert parameters unquantized,
-            # and PEFT's own wrapper of them (its forward returns the experts' tuple) keeps its forward
+        if _adapts_quantized(parent):
             parent.forward = types.MethodType(_lora_bnb_forward, parent)
     if bits == 8:
         return (f"8-bit LoRA: {count} Linear layers as LLM.int8 stand-ins (int8 weight, fp32 row scales; each keeps "

@@ -35,6 +35,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from memfit.errors import MemfitError
 from memfit.trace import qwen1
 
 MODEL = "Qwen/Qwen-7B"
@@ -65,6 +66,9 @@ def _scenario(knobs: dict):
 def _shape(origin: str) -> tuple[tuple[int, ...], str]:
     """'aten.add.Tensor (2, 256, 12288) bfloat16' -> ((2, 256, 12288), 'bfloat16')."""
     found = re.search(r"\(([\d, ]*)\) (\w+)$", origin)
+    if found is None:
+        raise MemfitError(f"trace origin {origin!r} names no shape and dtype (expected e.g. 'aten.add.Tensor "
+                          "(2, 256, 12288) bfloat16')")
     return tuple(int(x) for x in found.group(1).split(",") if x.strip()), found.group(2)
 
 

@@ -14,6 +14,7 @@ checks them against this trace, so the table cannot drift from the ops).
 from __future__ import annotations
 
 import weakref
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +24,7 @@ from torch.utils._pytree import tree_flatten
 ROWS, POSITIONS, VOCAB, HIDDEN = 2, 64, 2048, 4  # hidden tiny so its grads are noise next to token x vocab
 
 
-def log_softmax_gather(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def log_softmax_gather(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """TRL < 0.15 get_batch_logps: drop the last position, a full log_softmax, gather the labels, sum per row.
     concatenated_forward returns the logits too (for metrics): they stay referenced through the reference's
     forward until the loss is computed."""
@@ -32,7 +33,7 @@ def log_softmax_gather(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tens
     return per_token.sum(-1), logits
 
 
-def selective(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def selective(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """TRL 0.15 - 1.9 _compute_loss (as in v1.9.0): the shifted logits as a view, then selective_log_softmax:
     16-bit logits -> a log_softmax per row (a loop, to bound the peak); fp32 -> gather minus a per-row logsumexp.
     The model's output (its logits) stays referenced through the reference's forward until the loss."""
@@ -74,10 +75,15 @@ class _Counter(TorchDispatchMode):
         if key in self.live:
             return
         self.live[key] = (t.dtype, st.nbytes())
-        self._refs[key] = weakref.ref(st, lambda _r, k=key: (self.live.pop(k, None), self._refs.pop(k, None)))
+        self._refs[key] = weakref.ref(st, partial(self._forget, key))
         now = self.split()
         if sum(now.values()) > sum(self.peak.values()):
             self.peak = now
+
+    def _forget(self, key: int, _storage_ref: weakref.ref) -> None:
+        """The storage is gone: it holds no bytes any more."""
+        self.live.pop(key, None)
+        self._refs.pop(key, None)
 
     def split(self) -> dict[torch.dtype, int]:
         out: dict[torch.dtype, int] = {}

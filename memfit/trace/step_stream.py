@@ -102,7 +102,10 @@ def trace_step(scenario: Scenario, seq_len: int) -> StepStream:
 
 def _normalise(raw: list, zero3: bool) -> list:
     """Keep the step's churn, number its allocations in order, free what is still held at the step's end."""
-    out, index, pending, serials = [], {}, [], count()
+    out: list[tuple] = []  # ("+", serial, bytes) and ("-", serial)
+    index: dict[int | tuple, int] = {}  # event key (a storage's serial, a ZeRO-3 gather) -> serial in this step
+    pending: list[int | tuple] = []  # gradients' keys, freed when the reduction comes
+    serials = count()
 
     def free(key):
         if key in index:
@@ -183,17 +186,18 @@ def _quadratic(xs: list[int], ys: tuple[int, ...]) -> tuple[Fraction, Fraction, 
         c[0] += d * a * b
         c[1] -= d * (a + b)
         c[2] += d
-    return tuple(c)
+    return c[0], c[1], c[2]
 
 
 def _whole(c: tuple[Fraction, Fraction, Fraction]) -> tuple[int, int, int, int]:
     d = math.lcm(*(x.denominator for x in c))
-    return (*(int(x * d) for x in c), d)
+    c0, c1, c2 = (int(x * d) for x in c)
+    return c0, c1, c2, d
 
 
 def run_stream(steps: list[StepStream], static_bytes: int = 0) -> list:
     """The replay's input: the model states as one allocation, then each step's stream and a mark after it."""
-    out = [(1, ("static",), static_bytes)] if static_bytes else []
+    out: list[tuple] = [(1, ("static",), static_bytes)] if static_bytes else []
     for n, st in enumerate(steps):
         for e in st.events:
             out.append((1, (n, e[1]), e[2]) if e[0] == "+" else (-1, (n, e[1])))
@@ -235,7 +239,8 @@ def trace_run(scenario: Scenario, steps: int = 3) -> RunStream:
 def _marked(raw: list) -> list:
     """Recorded (+1|-1, serial, bytes, record) events as replay events, a ("mark", (step, phase)) closing each
     phase: a phase ends where the next one's first allocation comes (frees between change no peak)."""
-    out, phase, step = [], None, 0
+    out: list[tuple] = []
+    phase, step = None, 0
     for sign, key, nbytes, rec in raw:
         if sign == -1:
             out.append((-1, key))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from memfit.trace.peft_terms import SETUPS, agreed, tensor_terms
+from memfit.trace.peft_terms import SETUPS, agreed, saving_into, tensor_terms
 
 SIZES = ({"T": 29, "V": 37, "H": 11, "N": 5}, {"T": 31, "V": 41, "H": 13, "N": 3})
 # few tokens and rows: what a forward or backward makes beyond them is weight-sized (T*V / V*H = T/H < 2%)
@@ -59,8 +59,8 @@ def held_facts(autocast: bool, frozen, adapter, sizes: dict) -> dict:
            "frozen": tensor_terms(list(emb.trainable_tokens_original.values()), sizes)}
     for which, layer in (("embedding", emb), ("head", tied)):
         x = _inputs(which, sizes, frozen)
-        saved = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t, saved=saved: saved.append(t) or t, lambda t: t):
+        saved: list[torch.Tensor] = []
+        with saving_into(saved):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                 layer(x)
         skip = held | {x.untyped_storage().data_ptr()}

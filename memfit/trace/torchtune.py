@@ -23,6 +23,7 @@ import importlib
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,6 +34,9 @@ from memfit.trace.accountant import Accountant
 from memfit.trace.cuda import CudaTarget
 from memfit.trace.run import Batch, TraceResult, _extras, make_optimizer
 from memfit.trace.training_step import label_model_state, traced_step
+
+if TYPE_CHECKING:
+    from torchtune.modules import TransformerDecoder  # what every torchtune model builder returns
 
 IGNORE_INDEX = -100  # CEWithChunkedOutputLoss / CrossEntropyLoss ignore_index in the recipes
 ATTN_NAMES = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "o_proj": "output_proj"}
@@ -81,7 +85,7 @@ def lora_kwargs(s: Scenario) -> dict:
                 lora_dropout=s.lora_dropout)
 
 
-def build_torchtune_model(s: Scenario, fake_mode) -> torch.nn.Module:
+def build_torchtune_model(s: Scenario, fake_mode) -> TransformerDecoder:
     """torchtune's model of the scenario, in bf16, trainable as the recipe sets it, checkpointed as configured."""
     from torchtune import modules, training
     from torchtune.modules.peft import get_adapter_params, set_trainable_params
@@ -175,7 +179,7 @@ def check_supported(s: Scenario) -> None:
 class _Recipe:
     """What a single-device recipe holds between steps: the model, the loss, the optimizer(s)."""
 
-    def __init__(self, s: Scenario, model: torch.nn.Module, acc: Accountant):
+    def __init__(self, s: Scenario, model: TransformerDecoder, acc: Accountant):
         from torchtune.modules.loss import CEWithChunkedOutputLoss
 
         self.s, self.model, self.acc = s, model, acc

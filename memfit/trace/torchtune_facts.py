@@ -59,7 +59,7 @@ def _chunked_head() -> list:
 def derive() -> dict:
     from memfit.trace.torchtune import torchtune_version
 
-    out = {"torchtune": torchtune_version()}
+    out: dict[str, str | list[float]] = {"torchtune": torchtune_version()}
     out |= {key: _loss_tail(loss) for key, loss in LOSSES.items()}
     return out | {"chunked_loss_head": _chunked_head()}
 
