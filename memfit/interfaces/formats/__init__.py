@@ -151,7 +151,7 @@ def reread(imported: ImportedConfig, files: list[WrittenFile]) -> ImportedConfig
         options = {"profile": imported.profile} if imported.format == "deepspeed" else {"version": imported.variant}
         return module.read(main.new_text, gpus=gpus, **options)
     texts = {f.path: f.new_text for f in files[1:]}
-    options = {"variant": imported.variant.split(":")[0]} if imported.format == "hf" else \
+    options = {"variant": imported.variant_read.split(":")[0]} if imported.format == "hf" else \
         {"script": imported.variant} if imported.format == "llamafactory" and imported.variant != "v1" else {}
     return module.read(main.new_text, gpus=gpus, files=texts, path=main.path, **options)
 
@@ -163,7 +163,7 @@ def write_config(imported: ImportedConfig, knobs: dict) -> str:
 
 def diff(files: list[WrittenFile]) -> str:
     """A unified diff of the files that changed (new files against /dev/null)."""
-    out = []
+    out: list[str] = []
     for f in files:
         if not f.changed:
             continue

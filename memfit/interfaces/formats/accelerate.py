@@ -305,7 +305,7 @@ def export(knobs: dict, *, gpus: int = 1, nodes: int = 1) -> str:
         doc["fsdp_config"] = fsdp
     names = {v: k for k, v in PRECISIONS.items() if v}
     doc |= {"machine_rank": 0, "main_training_function": "main",
-            "mixed_precision": names.get(knobs.get("precision"), "bf16"), "num_machines": nodes,
+            "mixed_precision": names.get(knobs.get("precision") or "", "bf16"), "num_machines": nodes,
             "num_processes": gpus * nodes, "rdzv_backend": "static", "same_network": True, "use_cpu": False}
     lines = []
     for key, value in doc.items():

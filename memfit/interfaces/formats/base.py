@@ -43,6 +43,15 @@ class ImportedConfig:
     def name(self) -> str:
         return self.path.name if self.path else f"<{self.format} text>"
 
+    @property
+    def variant_read(self) -> str:
+        """`variant` as the reader set it (the OpenRLHF release, the HF config class and syntax, ...): the writers
+        of those formats need it."""
+        if self.variant is None:
+            raise MemfitError(f"{self.name}: this {self.format} record has no variant; read the file with "
+                              "memfit's reader (read_config) before writing it")
+        return self.variant
+
 
 @dataclass(frozen=True)
 class WrittenFile:
@@ -174,7 +183,7 @@ HF_OPTIM = {
     "sgd": "sgd",
     "adafactor": "adafactor",
 }
-HF_OPTIM_NAME = {}
+HF_OPTIM_NAME: dict[str, str] = {}
 for _name, _opt in HF_OPTIM.items():
     HF_OPTIM_NAME.setdefault(_opt, _name)
 
@@ -184,7 +193,7 @@ HF_ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash", 
 HF_ATTENTION_NAME = {"eager": "eager", "sdpa": "sdpa", "flash": "flash_attention_2"}
 
 
-def attention_from_hf(where: str, key: str, value) -> str:
+def attention_from_hf(where: str, key: str | None, value) -> str:
     if not isinstance(value, str) or value not in HF_ATTENTION:
         raise bad(where, key, f"unknown attention implementation {shown(value)}; memfit knows {', '.join(HF_ATTENTION)}")
     return HF_ATTENTION[value]
@@ -269,9 +278,12 @@ def launch_path(path: Path) -> str:
 def companion_target(companion: ImportedConfig, new_text: str, folder: Path | None) -> tuple[Path, str | None]:
     """Where a file the main file names goes when it changed, and the reference the main file then needs (None:
     it stays where it is). `folder`: where changed files are written (`memfit fit --out`); None = in place."""
+    if companion.path is None:  # readers set the path of every file they follow; one given as text has none
+        raise bad(companion.name, None, "a file the main file names was given as text, not read from its path; "
+                  "memfit writes a changed copy of it only beside the file it was read from")
     if folder is None or new_text == companion.text:
         return companion.path, None
     target = Path(folder) / companion.path.name
-    if target.resolve() == Path(companion.path).resolve():
+    if target.resolve() == companion.path.resolve():
         return companion.path, None
     return target, launch_path(target)

@@ -127,7 +127,8 @@ def resolve_batch(sizes: dict, where: str, gpus: int | None) -> tuple[dict, dict
     tb = sizes.get("train_batch_size")
     micro = sizes.get("train_micro_batch_size_per_gpu")
     accum = sizes.get("gradient_accumulation_steps")
-    knobs, world = {}, {}
+    knobs: dict[str, int] = {}
+    world: dict[str, int] = {}
     if micro is not None:
         knobs["micro_batch"] = micro
     if accum is not None:
@@ -216,13 +217,13 @@ def apply_engine(doc: dict, changes: dict, imported: ImportedConfig) -> dict:
     for knob in ("offload_optimizer", "offload_param"):
         if knob not in changes:
             continue
-        section = dict(zero.get(knob) or {})
+        offload = dict(zero.get(knob) or {})
         if changes[knob] is None:
-            section.pop("device", None)
+            offload.pop("device", None)
         else:
-            section["device"] = changes[knob]
-        if section or knob in zero:
-            zero[knob] = section
+            offload["device"] = changes[knob]
+        if offload or knob in zero:
+            zero[knob] = offload
     if "pin_memory" in changes:
         sections = [s for s in ("offload_optimizer", "offload_param") if isinstance(zero.get(s), dict)]
         active = [s for s in sections if zero[s].get("device", "none") != "none"]

@@ -225,7 +225,7 @@ SAME_VALUE_KEYS = {"micro_batch": "per_device_train_batch_size", "grad_accum": "
 
 def apply(doc: dict, changes: dict, imported: ImportedConfig) -> dict:
     doc = doc_copy(doc)
-    variant = imported.variant.split(":")[0]
+    variant = imported.variant_read.split(":")[0]
     trl = variant in ("sft", "dpo")
     for knob, value in changes.items():
         if knob in SAME_VALUE_KEYS:
@@ -331,7 +331,7 @@ def _peft_apply(doc, knob, value, changes, imported, trl) -> None:
 def _precision(doc: dict, value, imported: ImportedConfig) -> None:
     recipe = any(key in current_names(doc, imported.name, []) for key in table("hf")["ModelConfig"])
     dtype = spelling(doc, "dtype")
-    variant = imported.variant.split(":")[0]
+    variant = imported.variant_read.split(":")[0]
     bf16_default = default(variant, "bf16")
     with_ds = doc.get("deepspeed") is not None
     if value in ("bf16-mixed", "fp16-mixed", "fp32") and not with_ds:
@@ -393,10 +393,10 @@ def write_files(imported: ImportedConfig, knobs: dict, folder: Path | None = Non
         if ds_text != companion.text:
             out.append(WrittenFile(target, companion.text, ds_text))
         files[target] = ds_text
-    syntax = imported.variant.split(":")[1]
+    syntax = imported.variant_read.split(":")[1]
     editor = jsontext if syntax == "json" else yamltext
     text = editor.edit(imported.text, imported.doc, doc, imported.name)
-    again = read(text, gpus=imported.world.get("num_gpus"), variant=imported.variant.split(":")[0], files=files,
+    again = read(text, gpus=imported.world.get("num_gpus"), variant=imported.variant_read.split(":")[0], files=files,
                  path=imported.path)
     verify_written(imported, again, changes)
     return [WrittenFile(imported.path, imported.text, text)] + out

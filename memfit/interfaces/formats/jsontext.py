@@ -50,8 +50,16 @@ _STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
 _SCALAR = re.compile(r"-?[0-9][0-9.eE+-]*|true|false|null|-?Infinity|NaN")
 
 
+def _at(pattern: re.Pattern[str], text: str, i: int) -> re.Match[str]:
+    """`pattern` at `i` of a text json.loads accepted: where the parser below expects a token, one is there."""
+    m = pattern.match(text, i)
+    if m is None:
+        raise MemfitError(f"JSON text: no {pattern.pattern!r} at offset {i} (the text changed after it was read)")
+    return m
+
+
 def _skip(text: str, i: int) -> int:
-    return _WS.match(text, i).end()
+    return _at(_WS, text, i).end()
 
 
 def _parse(text: str, i: int) -> Node:
@@ -61,7 +69,7 @@ def _parse(text: str, i: int) -> Node:
         node = Node(i, i, is_object=True)
         i = _skip(text, i + 1)
         while text[i] != "}":
-            m = _STRING.match(text, i)
+            m = _at(_STRING, text, i)
             key = json.loads(m.group())
             value = _parse(text, _skip(text, m.end()) + 1)  # past the colon
             node.members.append((key, i, value))
@@ -81,13 +89,14 @@ def _parse(text: str, i: int) -> Node:
                 i = _skip(text, i + 1)
         node.end = i + 1
         return node
-    m = _STRING.match(text, i) if c == '"' else _SCALAR.match(text, i)
+    m = _at(_STRING if c == '"' else _SCALAR, text, i)
     return Node(i, m.end())
 
 
 def _line_indent(text: str, pos: int) -> str:
     start = text.rfind("\n", 0, pos) + 1
-    return re.match(r"[ \t]*", text[start:]).group()
+    line = text[start:]
+    return line[:len(line) - len(line.lstrip(" \t"))]
 
 
 def _indent_unit(text: str, root: Node) -> str:

@@ -193,13 +193,13 @@ def follow(cmd: Command, text: str, path: Path | None, where: str, gpus: int | N
         module = bool(flags.get("module") or flags.get("m"))
         more, warns = _target(target, args, text, path, cmd, label, gpus, readers, module=module)
         return more, world, said, notes + warns
-    target, start = _python_target(argv)
+    script, start = _python_target(argv)
     module = argv[start - 2:start - 1] == ["-m"]
-    more, warns = _target(target, argv[start:], text, path, cmd, label, gpus, readers, module=module)
+    more, warns = _target(script, argv[start:], text, path, cmd, label, gpus, readers, module=module)
     return more, {"num_gpus": 1}, "python (one process)", notes + warns
 
 
-def _target(target: str, args: list[str], text, path, cmd, label, gpus, readers, module: bool):
+def _target(target: str | None, args: list[str], text, path, cmd, label, gpus, readers, module: bool):
     if not target:
         raise bad(label, None, "the launcher names no training script")
     if target.startswith("openrlhf.cli.") or "openrlhf/cli/train_" in target:

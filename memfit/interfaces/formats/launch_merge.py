@@ -26,7 +26,8 @@ ROLE = {"llamafactory": 0, "hf": 0, "openrlhf": 0, "accelerate": 1, "deepspeed":
 def flatten(parts: list[ImportedConfig]) -> list[ImportedConfig]:
     """The files of merged records (a launch given beside another file), each file once: a file given twice, or
     given and also named by another as its DeepSpeed JSON, is read once."""
-    out, seen = [], set()
+    out: list[ImportedConfig] = []
+    seen: set[Path | int | str] = set()
     for part in parts:
         for p in (part.companions.values() if part.format == "launch" else [part]):
             named = {_key(c) for c in p.companions.values()}
@@ -38,7 +39,7 @@ def flatten(parts: list[ImportedConfig]) -> list[ImportedConfig]:
     return out
 
 
-def _key(part: ImportedConfig):
+def _key(part: ImportedConfig) -> Path | int | str:
     try:
         return Path(part.path).resolve() if part.path else id(part)
     except (OSError, ValueError):

@@ -56,9 +56,9 @@ def logical_lines(text: str, where: str):
                 parts.append("\n")
         if quote is not None:
             raise bad(where, None, f"line {start}: no closing quotation (an unterminated {quote} quote)")
-        if _array_open("".join(parts)):
-            raise bad(where, None, f"line {start}: the array `{_ARRAY_START.match(parts[0]).group(0).strip()}` has no "
-                      "closing `)`")
+        unclosed = _unclosed_array("".join(parts))
+        if unclosed is not None:
+            raise bad(where, None, f"line {start}: the array `{unclosed.group(0).strip()}` has no closing `)`")
         yield start, "".join(parts)
 
 
@@ -84,8 +84,13 @@ def _open_quote(line: str, quote: str | None) -> str | None:
 
 def _array_open(text: str) -> bool:
     """A `NAME=(` array assignment whose `)` has not come yet."""
+    return _unclosed_array(text) is not None
+
+
+def _unclosed_array(text: str) -> re.Match[str] | None:
+    """The `NAME=(` that starts `text` when its `)` has not come yet."""
     m = _ARRAY_START.match(text)
-    return bool(m) and array_close(text, m.end()) is None
+    return m if m is not None and array_close(text, m.end()) is None else None
 
 
 def array_close(text: str, i: int) -> int | None:
@@ -213,9 +218,10 @@ def commands_of(text: str, where: str, cwd: Path) -> list[Command]:
         for segment in _segments(words):
             while segment and segment[0] in KEYWORDS:  # `then X=1`: the body of an if / for, read in order
                 segment.pop(0)
-            env = {}
-            while segment and _assignment(segment[0]):
-                env.update([_assignment(segment.pop(0))])
+            env: dict[str, str] = {}
+            while segment and (pair := _assignment(segment[0])) is not None:
+                segment.pop(0)
+                env[pair[0]] = pair[1]
             while segment and segment[0] in WRAPPERS:  # nohup / env X=1 / stdbuf -oL: the command after them
                 segment.pop(0)
                 while segment and (_assignment(segment[0]) or segment[0].startswith("-")):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from memfit.errors import MemfitError
 from memfit.interfaces.formats.base import ImportedConfig, read_text
@@ -22,12 +23,21 @@ ACCELERATE_SECTIONS = ("deepspeed_config", "fsdp_config")
 class Script:
     """A launch script (or command line) and the command of it that launches the training."""
 
-    path: Path | None
+    path: Path  # `memfit fit` rewrites files: a launch it follows is read from one (read_launch)
     text: str
     first: int  # first line (1-based) of the launch command
     last: int  # its last physical line (continuations included)
     target: str  # the training script or module, as typed (launcher flags come before it, script flags after)
     cwd: Path | None = None  # the folder the command runs in (its `cd` lines), where its relative paths resolve
+
+
+class OwnFlags(Protocol):
+    """A script's own flags that say knobs themselves (launch_dschat.Flags)."""
+
+    @property
+    def says(self) -> frozenset[str]: ...
+
+    def changes(self, knobs: dict) -> dict: ...
 
 
 @dataclass
@@ -39,7 +49,7 @@ class Source:
     where: str = "after"  # the flags' side of the target word: "before" (launcher's) or "after" (the script's)
     script: Script | None = None
     appendable: bool = False  # a key no word states may be added as a new `--flag` (no file beside the words)
-    own: object | None = None  # a script's own flags that say knobs themselves (launch_dschat.Flags), not a format's keys
+    own: OwnFlags | None = None  # a script's own flags that say knobs (launch_dschat.Flags), not a format's keys
 
     @property
     def direct(self) -> bool:
@@ -59,7 +69,7 @@ class Launch:
 
     def files(self) -> set[Path]:
         """Every file on disk the launch reads."""
-        out = {s.path for s in self.scripts if s.path is not None}
+        out = {s.path for s in self.scripts}
         for src in self.sources:
             out |= {p for p in _paths(src.part) if _disk(p) is not None}
             if src.file is not None:
@@ -201,7 +211,7 @@ def _accelerate(flags: dict, cwd: Path, label: str, gpus) -> list[Source]:
         return []
     config = flags.get("config_file")
     file = resolve(config, cwd, label, "--config_file") if config is not None else None
-    said = {(ACCELERATE_TOP[f],): f for f in flags if f in ACCELERATE_TOP}
+    said: dict[tuple[str, ...], str] = {(ACCELERATE_TOP[f],): f for f in flags if f in ACCELERATE_TOP}
     said |= {("deepspeed_config", f): f for f in flags if f in ACCELERATE_DS}
     said |= {("fsdp_config", f): f for f in flags if f.startswith("fsdp_")}
     for f in ("use_deepspeed", "use_fsdp", "multi_gpu"):

@@ -23,7 +23,7 @@ from memfit.errors import MemfitError
 from memfit.interfaces.formats import jsontext, yamltext
 from memfit.interfaces.formats.base import WrittenFile, launch_path, shown
 from memfit.interfaces.formats.launch_shell import array_close
-from memfit.interfaces.formats.launch_sources import Launch, Source, launcher_flag, region
+from memfit.interfaces.formats.launch_sources import Launch, OwnFlags, Script, Source, launcher_flag, region
 
 TRAINING = ("llamafactory", "hf", "openrlhf")
 
@@ -89,7 +89,7 @@ def write(launch: Launch, knobs: dict) -> list[WrittenFile]:
     for i, group in route(launch, knobs).items():
         src = launch.sources[i]
         if src.own is not None:  # the script's own flags say these knobs (launch_dschat.Flags)
-            words.setdefault(src.script.path, []).extend(_own_flags(src, group))
+            words.setdefault(_script(src).path, []).extend(_own_flags(src, src.own, group))
             continue
         written = write_config_files(src.part, group, None)
         if src.direct:
@@ -102,18 +102,32 @@ def write(launch: Launch, knobs: dict) -> list[WrittenFile]:
     for s in launch.scripts:
         if s.path in words:
             scripts.append(WrittenFile(s.path, s.text, _apply(s.text, words[s.path])))
-    named = [WrittenFile(Path(launch_path(f.path)), f.old_text, f.new_text) for f in files.values() if f.changed]
+    named = [WrittenFile(Path(launch_path(_path(f))), f.old_text, f.new_text) for f in files.values() if f.changed]
     return scripts + named  # paths from here when under it, as fit prints them
 
 
 def _add(files: dict, w: WrittenFile) -> None:
     """One file written by two sources must come out the same (a DeepSpeed JSON two files name)."""
-    key = Path(w.path).resolve()
+    key = _path(w).resolve()
     had = files.get(key)
     if had is not None and had.changed and w.changed and had.new_text != w.new_text:
         raise MemfitError(f"{w.path}: two files of the launch would change it differently; fit it on its own")
     if had is None or (w.changed and not had.changed):
         files[key] = w
+
+
+def _path(w: WrittenFile) -> Path:
+    """Where a file of the launch goes: every one a launch writes was read from a path (or is new beside one)."""
+    if w.path is None:
+        raise MemfitError("a file of the launch was read as text, not from a path; memfit fit rewrites files")
+    return Path(w.path)
+
+
+def _script(src: Source) -> Script:
+    """The launch script whose words state `src`'s keys."""
+    if src.script is None:
+        raise MemfitError(f"{src.part.name}: no launch script states it, so no word of one can change")
+    return src.script
 
 
 # --- keys back to the file or the word that said them ----------------------------------------------------
@@ -147,27 +161,28 @@ def _back_to_sources(src: Source, main: WrittenFile, files: dict, words: dict) -
     for path, value in _changes(part.doc, new_doc, nested=part.format == "accelerate"):
         flag = src.flags.get(path)
         if flag is not None:
-            words.setdefault(src.script.path, []).append(_word_edit(src, path, flag, value))
+            words.setdefault(_script(src).path, []).append(_word_edit(src, path, flag, value))
         elif src.file is not None:
             file_changes.append((path, value))
-        elif src.appendable and _new_key(src, path) and value is not _GONE and not isinstance(value, (dict, list)):
-            words.setdefault(src.script.path, []).append(_new_flag(src, _new_key(src, path), value))
+        elif src.appendable and (key := _new_key(src, path)) and value is not _GONE \
+                and not isinstance(value, (dict, list)):
+            words.setdefault(_script(src).path, []).append(_new_flag(src, key, value))
         else:
-            raise MemfitError(f"{src.script.path.name}: {'.'.join(path)}: the launch has no file for it and no word "
+            raise MemfitError(f"{_script(src).path.name}: {'.'.join(path)}: the launch has no file for it and no word "
                               "of the command line that says it; memfit does not add one there (a mapping or a "
                               "list, e.g. an inline DeepSpeed config, needs a file)")
-    if file_changes:
+    if file_changes and src.file is not None:
         _add(files, _file_edit(src.file, file_changes))
 
 
-def _own_flags(src: Source, knobs: dict) -> list[tuple[int, int, str]]:
+def _own_flags(src: Source, own: OwnFlags, knobs: dict) -> list[tuple[int, int, str]]:
     """The word edits that say `knobs` in a script's own flags: a value changed where it is typed, a switch turned on
     (True) or a flag no word states added; a switch on the line is never dropped (changed by hand)."""
     edits = []
-    for flag, value in src.own.changes(knobs).items():
+    for flag, value in own.changes(knobs).items():
         if (flag,) in src.flags:
             if value is False:
-                raise MemfitError(f"{src.script.path.name}: --{flag}: memfit would have to drop this switch; change "
+                raise MemfitError(f"{_script(src).path.name}: --{flag}: memfit would have to drop this switch; change "
                                   "it by hand")
             edits.append(_word_edit(src, (flag,), flag, value))
         elif value is not False:
@@ -204,7 +219,7 @@ _VALUE = r"""(?:'[^']*'|"(?:[^"\\]|\\.)*"|[^\s'";&|<>#\\])+"""
 
 def _word_edit(src: Source, path: tuple, flag: str, value) -> tuple[int, int, str]:
     """The edit of the value word of `flag` (the last one that says it: the one the parser keeps)."""
-    script = src.script
+    script = _script(src)
     if flag.startswith("!") or value is _GONE or (isinstance(value, (list, dict)) and src.style == "--"):
         raise MemfitError(f"{script.path.name}: {'--' if src.style == '--' else ''}{flag.lstrip('!')}: memfit would "
                           f"have to {'drop' if value is _GONE else 'rewrite'} this switch; change it by hand")
@@ -273,7 +288,7 @@ def _new_word(src: Source, flag: str) -> tuple[int, int, str]:
     """`flag` (`--key value`, or a bare switch) added after the command's last word (before a redirection or
     comment on its last line); in a command written one flag per line, as a line of its own in the same style. A
     launcher's flag goes just before the training script."""
-    script = src.script
+    script = _script(src)
     if src.where == "before":
         return _before_target(script, flag)
     lines = script.text.split("\n")
@@ -284,7 +299,8 @@ def _new_word(src: Source, flag: str) -> tuple[int, int, str]:
     at = sum(len(x) + 1 for x in lines[:last])
     if last == script.first - 1:
         return at + end, at + end, f" {flag}"
-    indent = re.match(r"[ \t]*", lines[last - 1] if not line[:end].strip() else line).group(0)
+    above = lines[last - 1] if not line[:end].strip() else line
+    indent = above[:len(above) - len(above.lstrip(" \t"))]
     if not line[:end].strip():  # the last line holds only the redirection: the flag goes on a line before it
         return at, at, f"{indent}{flag} \\\n"
     return at + end, at + end, f" \\\n{indent}{flag}"
@@ -315,7 +331,7 @@ def _apply(text: str, edits: list) -> str:
 
 def root(launch: Launch, files: list[WrittenFile]) -> Path:
     """The folder holding every file of the launch (the layout kept under --out and for the read-back)."""
-    folders = [Path(p).resolve().parent for p in launch.files() | {Path(f.path) for f in files}]
+    folders = [Path(p).resolve().parent for p in launch.files() | {_path(f) for f in files}]
     folders += [s.cwd.resolve() for s in launch.scripts if s.cwd is not None]  # `cd ..` must land inside the copy
     return Path(os.path.commonpath(folders))
 
@@ -326,9 +342,9 @@ def reread(launch: Launch, files: list[WrittenFile], gpus: int | None):
     from memfit.interfaces.formats import read_configs
 
     top = root(launch, files)
-    new = {Path(f.path).resolve(): f.new_text for f in files}
+    new = {_path(f).resolve(): f.new_text for f in files}
     with tempfile.TemporaryDirectory(prefix="memfit-fit-") as tmp:
-        for path in launch.files() | {Path(f.path) for f in files}:
+        for path in launch.files() | {_path(f) for f in files}:
             real = Path(path).resolve()
             copy = Path(tmp) / real.relative_to(top)
             copy.parent.mkdir(parents=True, exist_ok=True)

@@ -397,7 +397,7 @@ def export(knobs: dict, model_name: str | None = None, deepspeed_path: str | Non
     kept = {k: v for k, v in doc.items() if k in ALWAYS or "default" not in known.get(k, {})
             or not same(known[k]["default"], v)}
     lines = []
-    placed = set()
+    placed: set[str] = set()
     for section, names in SECTIONS.items():
         rows = [f"{k}: {yamltext.scalar(kept[k])}" for k in names if k in kept]
         placed.update(names)

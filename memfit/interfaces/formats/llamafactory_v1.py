@@ -71,7 +71,7 @@ def _check(doc: dict, where: str) -> None:
 
 def _tuning(doc: dict, where: str, k: dict, notes: list[str], unmodelled: list[tuple[str, str]]) -> None:
     """`unmodelled`: (warning, errs) of what memfit does not model that can raise memory (it caps the verdict)."""
-    peft, quant = _plugin(doc, "peft_config", where), _plugin(doc, "quant_config", where)
+    peft, quant = _plugin(doc, "peft_config", where) or {}, _plugin(doc, "quant_config", where)
     name = peft["name"] if peft else "full"
     k["tuning"] = "full"
     if name == "lora":
@@ -111,7 +111,7 @@ def _tuning(doc: dict, where: str, k: dict, notes: list[str], unmodelled: list[t
 
 def _engine(doc: dict, where: str, k: dict, files: dict | None, path, gpus, resolve) -> dict:
     """dist_config: none (one GPU, or DDP when launched on several), fsdp2, deepspeed (+ its JSON file)."""
-    dist = _plugin(doc, "dist_config", where)
+    dist = _plugin(doc, "dist_config", where) or {}
     name = dist["name"] if dist else None
     bf16 = as_bool(where, "bf16", _value(doc, "bf16"))
     full = k["tuning"] in ("full", "freeze")

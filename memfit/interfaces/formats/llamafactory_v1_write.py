@@ -52,6 +52,12 @@ def _flag(block: dict, key: str, value, default) -> None:
         block[key] = value
 
 
+def _mapping(doc: dict, key: str) -> dict:
+    """The block at `key` when it is a mapping, else an empty one."""
+    block = doc.get(key)
+    return block if isinstance(block, dict) else {}
+
+
 def _block(doc: dict, key: str, name: str, imported: ImportedConfig, knob: str, value) -> dict:
     block = doc.get(key)
     if not isinstance(block, dict) or block.get("name") != name:
@@ -60,7 +66,7 @@ def _block(doc: dict, key: str, name: str, imported: ImportedConfig, knob: str, 
 
 
 def _tuning(doc: dict, value, changes: dict, imported: ImportedConfig) -> None:
-    peft = doc.get("peft_config") if isinstance(doc.get("peft_config"), dict) else {}
+    peft = _mapping(doc, "peft_config")
     if value == "full":
         doc.pop("peft_config", None)
         doc.pop("quant_config", None)
@@ -73,7 +79,7 @@ def _tuning(doc: dict, value, changes: dict, imported: ImportedConfig) -> None:
             bits = changes.get("quant_bits", imported.knobs.get("quant_bits", 4))
             if bits not in (4, None):
                 raise cannot(imported, "quant_bits", bits, "v1's bnb plugin trains only over 4-bit weights")
-            quant = doc.get("quant_config") if isinstance(doc.get("quant_config"), dict) else {}
+            quant = _mapping(doc, "quant_config")
             doc["quant_config"] = {**({"name": "bnb"} if not quant else quant), "quantization_bit": 4}
     else:
         raise cannot(imported, "tuning", value, "LLaMA-Factory v1 trains every weight, LoRA, QLoRA or freeze")
@@ -118,7 +124,7 @@ def _padding(doc: dict, value, imported: ImportedConfig) -> None:
 
 
 def _engine(doc: dict, value, imported: ImportedConfig) -> None:
-    dist = doc.get("dist_config") if isinstance(doc.get("dist_config"), dict) else {}
+    dist = _mapping(doc, "dist_config")
     if value == "fsdp":
         doc["dist_config"] = dict(dist) if dist.get("name") == "fsdp2" else {"name": "fsdp2"}
     elif value == "deepspeed":
@@ -212,7 +218,7 @@ def apply(doc: dict, changes: dict, imported: ImportedConfig) -> dict:
 
 def _deepspeed(imported: ImportedConfig, changes: dict, doc: dict, folder: Path | None):
     """ds_companion works on a `deepspeed:` key (v0 and axolotl); v1 names the file in dist_config.config_file."""
-    dist = doc.get("dist_config") if isinstance(doc.get("dist_config"), dict) else {}
+    dist = _mapping(doc, "dist_config")
     scratch = {"deepspeed": dist["config_file"]} if dist.get("name") == "deepspeed" and "config_file" in dist else {}
     out, files = deepspeed_files(imported, changes, scratch, folder)
     if "deepspeed" in scratch:

@@ -6,6 +6,8 @@ memory (the table's `errs`: low or either; host for host RAM) is also unread: th
 it, so its verdict is at most "tight" (issue 27). One that can only lower memory (`errs` high) is named only."""
 from __future__ import annotations
 
+from typing import TypedDict
+
 from memfit.interfaces.formats.base import shown
 from memfit.interfaces.formats.tables import table
 
@@ -30,10 +32,14 @@ def found(fmt: str, doc: dict, where: str) -> list[tuple[str, str]]:
             if key in entries and _on(value, entries[key])]
 
 
-def caps(pairs: list[tuple[str, str]]) -> dict[str, list[str]]:
+class Caps(TypedDict):
+    """The two ImportedConfig lists of settings that can raise memory (`ImportedConfig(..., **caps(pairs))`)."""
+
+    unread: list[str]
+    unread_host: list[str]
+
+
+def caps(pairs: list[tuple[str, str]]) -> Caps:
     """The warnings of settings that can raise memory, by the ImportedConfig list they join (unread, unread_host)."""
-    out: dict[str, list[str]] = {"unread": [], "unread_host": []}
-    for warning, errs in pairs:
-        if errs in CAPS:
-            out[CAPS[errs]].append(warning)
-    return out
+    return {"unread": [w for w, errs in pairs if CAPS.get(errs) == "unread"],
+            "unread_host": [w for w, errs in pairs if CAPS.get(errs) == "unread_host"]}

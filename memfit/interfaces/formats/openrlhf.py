@@ -39,6 +39,8 @@ def default_attention(version: str, script: str) -> str:
     table): <= 0.8.9 has the switch --flash_attn (absent: transformers' eager), later ones --attn_implementation
     with its default."""
     flag = flag_name(version, script, "attention")
+    if flag is None:  # every release has one: --flash_attn (<= 0.8.9) or --attn_implementation
+        raise MemfitError(f"OpenRLHF {RELEASES[version]} {script}: no attention flag in its argparse table")
     spec = flags_of(version, script)[flag]
     if spec.get("action") == "store_true":
         return "flash" if spec.get("default") else "eager"
@@ -90,15 +92,16 @@ def read(path_or_text, *, gpus: int | None = None, version: str | None = None) -
 # --- writing -------------------------------------------------------------------------------------------
 
 def _need(imported: ImportedConfig, name: str, knob: str, value) -> str:
-    flag = flag_name(imported.variant, imported.doc.script, name)
+    version = imported.variant_read
+    flag = flag_name(version, imported.doc.script, name)
     if flag is None:
-        raise cannot(imported, knob, value, f"OpenRLHF {RELEASES[imported.variant]} {imported.doc.script} has no flag for it")
+        raise cannot(imported, knob, value, f"OpenRLHF {RELEASES[version]} {imported.doc.script} has no flag for it")
     return flag
 
 
 def new_flags(imported: ImportedConfig, changes: dict) -> dict:
     cmd: Command = imported.doc
-    version, script = imported.variant, cmd.script
+    version, script = imported.variant_read, cmd.script
     flags = dict(cmd.flags)
     specs = flags_of(version, script)
 
@@ -314,7 +317,7 @@ def arguments(imported: ImportedConfig) -> list[str]:
 def export(knobs: dict, model_name: str | None = None, *, version: str = "0.11.2", script: str | None = None,
            gpus: int | None = None, global_batch: int | None = None) -> str:
     """`deepspeed --module openrlhf.cli.train_*` for these knobs, one flag per line."""
-    script = script or {"dpo": "train_dpo", "rm": "train_rm"}.get(knobs.get("method"), "train_sft")
+    script = script or {"dpo": "train_dpo", "rm": "train_rm"}.get(knobs.get("method") or "", "train_sft")
     model_flag = flag_name(version, script, "model")
     base = f"deepspeed --module openrlhf.cli.{script} \\\n   {model_flag} {_word(model_name or 'MODEL')}\n"
     placeholder = read(base, version=version)  # the release's default global batch may not fit `gpus` yet

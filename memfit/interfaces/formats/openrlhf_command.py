@@ -83,6 +83,7 @@ UNSUPPORTED_DEEPSPEED = ("reduce_bucket_size", "contiguous_gradients", "prefetch
 
 def flag_name(version: str, script: str, name: str) -> str | None:
     """The flag for `name` in this release, or None if that release has none."""
+    candidate: str | None
     if name == "attention" and version == "0.8.9":
         candidate = "--flash_attn"
     elif name == "param_dtype" and version in ("0.8.9", "0.9.1"):
@@ -187,14 +188,9 @@ def _convert(where: str, flag: str, spec: dict, raw: str):
 
 def detect_version(script: str, names: list[str]) -> tuple[str, list[str]]:
     """The newest release whose parser knows every flag; else the closest, with the unknown flags."""
-    best = None
-    for version in VERSIONS:
-        unknown = [f for f in names if f not in flags_of(version, script)]
-        if not unknown:
-            return version, []
-        if best is None or len(unknown) < len(best[1]):
-            best = (version, unknown)
-    return best
+    unknown = {version: [f for f in names if f not in flags_of(version, script)] for version in VERSIONS}
+    best = min(VERSIONS, key=lambda version: len(unknown[version]))  # the first of the fewest: newest first
+    return best, unknown[best]
 
 
 def parse_command(text: str, where: str, version: str | None = None) -> tuple[Command, str]:

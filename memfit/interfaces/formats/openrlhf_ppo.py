@@ -218,7 +218,7 @@ SHAPE = frozenset({"colocate", "vllm_engines", "vllm_tp", "rollout_micro_batch",
 def role_knobs(imported: ImportedConfig) -> frozenset:
     """The knobs `write_roles` writes rather than the other scripts' writer: under dynamic batching the
     micro-batch is a token budget and OpenRLHF counts the micro-steps itself."""
-    dynamic = _value(imported.doc, imported.variant, "dynamic_batch")
+    dynamic = _value(imported.doc, imported.variant_read, "dynamic_batch")
     return SHAPE | WRITTEN | (frozenset({"micro_batch", "grad_accum"}) if dynamic else frozenset())
 
 
@@ -241,7 +241,7 @@ def write_roles(imported: ImportedConfig, changes: dict, put: Callable, switch: 
 def _token_budget(imported: ImportedConfig, changes: dict, put: Callable) -> None:
     """A micro-batch of whole rows as dynamic batching's tokens per GPU (what `_lengths` reads back); the
     rollout keeps its own budget, which defaults to the training one."""
-    version, k = imported.variant, imported.knobs
+    version, k = imported.variant_read, imported.knobs
     seq = changes.get("seq_len", k["seq_len"])
     if not _value(imported.doc, version, "rollout_max_tokens"):
         put("rollout_max_tokens", "rollout_micro_batch", _value(imported.doc, version, "train_max_tokens"))
@@ -251,7 +251,7 @@ def _token_budget(imported: ImportedConfig, changes: dict, put: Callable) -> Non
 def _one_offload_flag(imported: ImportedConfig, changes: dict) -> bool:
     """Before 0.10.2 one flag (--ref_reward_offload) offloads the reference and the reward model together:
     True when it is that flag, written by ref_offload (a run without a reference leaves it to the reward model)."""
-    version, k = imported.variant, imported.knobs
+    version, k = imported.variant_read, imported.knobs
     if flag_name(version, SCRIPT, "ref_offload") != flag_name(version, SCRIPT, "reward_offload"):
         return False
     has_ref, has_reward = k.get("init_kl_coef", 0) > 0, not k.get("remote_reward")

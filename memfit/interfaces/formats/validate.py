@@ -114,6 +114,7 @@ def validate_hf(text: str, variant: str = "training_args", cpu: bool = True):
     from transformers import HfArgumentParser, TrainingArguments
 
     doc = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
+    classes: tuple[type, ...]
     if variant == "training_args":
         classes = (TrainingArguments,)
     else:
@@ -126,7 +127,8 @@ def validate_hf(text: str, variant: str = "training_args", cpu: bool = True):
         doc.pop("deepspeed")
     if cpu:
         doc["use_cpu"] = True
-    parser = HfArgumentParser(classes) if variant == "training_args" else TrlParser(classes)
+    # transformers types the classes as NewType("DataClassType", Any), which no dataclass matches without a wrapper
+    parser = HfArgumentParser(classes) if variant == "training_args" else TrlParser(classes)  # type: ignore[arg-type]
     try:
         return parser.parse_dict(doc, allow_extra_keys=False)
     except Exception as e:

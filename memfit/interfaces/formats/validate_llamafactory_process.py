@@ -58,9 +58,12 @@ class ParserProcess:
     def parse(self, doc, cwd: Path | None) -> dict:
         if self.proc is None or self.proc.poll() is not None:
             self.proc = self._start()
-        self.proc.stdin.write(json.dumps({"doc": doc, "cwd": str(cwd or tempfile.gettempdir())}) + "\n")
-        self.proc.stdin.flush()
-        for line in self.proc.stdout:
+        stdin, stdout = self.proc.stdin, self.proc.stdout
+        if stdin is None or stdout is None:  # _start opens both as pipes
+            raise ValidationFailed("LLaMA-Factory: its parser process has no stdin / stdout pipe")
+        stdin.write(json.dumps({"doc": doc, "cwd": str(cwd or tempfile.gettempdir())}) + "\n")
+        stdin.flush()
+        for line in stdout:
             if line.startswith("MEMFIT-RESULT "):
                 out = json.loads(line[len("MEMFIT-RESULT "):])
                 if "error" in out:

@@ -10,6 +10,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import NoReturn
 
 from memfit.interfaces.formats.framework_tables import ValidationFailed, _jsonable
 
@@ -72,8 +73,8 @@ def _add_argument_calls(source: str) -> list[tuple[ast.Call, dict]]:
                 return
         if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
             out.append((node, env))
-        for child in ast.iter_child_nodes(node):
-            visit(child, env)
+        for inner in ast.iter_child_nodes(node):
+            visit(inner, env)
 
     visit(ast.parse(source), {})
     return out
@@ -84,8 +85,11 @@ def argparse_table(source: str) -> dict:
     table = {}
     for node, env in _add_argument_calls(source):
         names = [_literal(a, env) for a in node.args]
-        spec = {}
+        spec: dict[str, object] = {}
         for kw in node.keywords:
+            if kw.arg is None:
+                raise ValidationFailed(f"add_argument(**{ast.unparse(kw.value)}): memfit reads only named "
+                                       "keywords from the source")
             if kw.arg in ("help", "metavar"):
                 continue
             if kw.arg == "type":
@@ -108,12 +112,11 @@ def openrlhf_parser(source: str):
     """Run the script's own `add_argument` calls on a fresh parser (no other code of the script runs)."""
     import argparse
 
-    parser = argparse.ArgumentParser(exit_on_error=False)
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            raise ValidationFailed(f"OpenRLHF argparse: {message}")
 
-    def error(message):
-        raise ValidationFailed(f"OpenRLHF argparse: {message}")
-
-    parser.error = error
+    parser = Parser(exit_on_error=False)
     from datetime import datetime
 
     for node, env in _add_argument_calls(source):

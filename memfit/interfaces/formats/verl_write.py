@@ -44,7 +44,8 @@ def _render(value) -> str:
 
 def edits_of(imported: ImportedConfig, changes: dict) -> dict[str, object]:
     """config key -> new value for the knob changes (one line refusing a knob memfit keeps or verl cannot say)."""
-    k, out = imported.knobs, {}
+    k = imported.knobs
+    out: dict[str, object] = {}
     for knob, value in changes.items():
         if knob in SWITCHES:
             out.update(dict.fromkeys(SWITCHES[knob], bool(value)))
