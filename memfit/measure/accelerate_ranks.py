@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 
-from memfit.measure.ranks import claim_states, patch_fsdp1, runner_main
+from memfit.measure.ranks import claim_states, patch_fsdp1, replaced, runner_main
 
 ROOTS = ("/torch/distributed/", "/torch/optim/", "/torch/utils/checkpoint", "/accelerate/", "/peft/", "/transformers/")
 
@@ -44,10 +45,13 @@ def _model(run: dict):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     d = run["dims"]
+    # attn_implementation reaches PreTrainedConfig through the **kwargs transformers' @strict dataclass hides from
+    # its typed signature; `to` is transformers' @wraps(Module.to) override, which typeshed's _Wrapped leaves unbound
     config = LlamaConfig(hidden_size=d["hidden"], num_hidden_layers=d["layers"], num_attention_heads=d["heads"],
                          num_key_value_heads=d["kv_heads"], intermediate_size=d["inter"], vocab_size=d["vocab"],
-                         tie_word_embeddings=run.get("tied", False), attn_implementation="sdpa")
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+                         tie_word_embeddings=run.get("tied", False),
+                         attn_implementation="sdpa")  # type: ignore[call-arg]
+    model = LlamaForCausalLM(config).to(torch.bfloat16)  # type: ignore[arg-type]
     if run["tuning"] == "lora":
         from peft import LoraConfig, get_peft_model
 
@@ -83,16 +87,13 @@ def _on_cpu(prepare):
     import torch
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    original = FullyShardedDataParallel.__init__
+    original: Callable[..., None] = FullyShardedDataParallel.__init__  # called with what the caller passed
 
     def on_cpu(fsdp, *a, device_id=None, **k):
         original(fsdp, *a, device_id=torch.device("cpu"), **k)
 
-    FullyShardedDataParallel.__init__ = on_cpu
-    try:
+    with replaced(FullyShardedDataParallel, "__init__", on_cpu):
         return prepare()
-    finally:
-        FullyShardedDataParallel.__init__ = original
 
 
 def _prepared_trainer_4(run: dict, model):
@@ -129,7 +130,10 @@ def _prepared(run: dict, model):
     from transformers.distributed.fsdp import update_fsdp_plugin_peft
 
     version = run["fsdp_version"]
-    args = TrainingArguments(output_dir="/tmp/memfit-accelerate-ranks", use_cpu=True, fsdp=True, report_to=[],
+    # fsdp=True as the Trainer's own help says it (`fsdp` is annotated str | None, and set to True in __post_init__)
+    args = TrainingArguments(output_dir="/tmp/memfit-accelerate-ranks", use_cpu=True,
+                             fsdp=True,  # type: ignore[arg-type]
+                             report_to=[],
                              fsdp_config={"version": version, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"],
                                           **run.get("fsdp_config", {})})
     accelerator = Accelerator(cpu=True)
@@ -157,7 +161,7 @@ def run_rank(run: dict) -> dict:
     from memfit.measure.patches import install_patches
     from memfit.measure.tracker import MemoryTracker
 
-    current = {"tk": None}
+    current: dict[str, MemoryTracker | None] = {"tk": None}
     install_patches(lambda: current["tk"])
     patch_fsdp1(lambda: current["tk"])
     tk = MemoryTracker(roots=ROOTS)

@@ -44,11 +44,12 @@ class DeepSpeedRunner(Runner):
         # zero.Init takes offload_param's device as its remote_device: each partition is made there, pinned
         # (partition_parameters.py _partition_param), and only the module being built is ever whole on the device
         on_device = init_context is not None and s.offload_param == "none"
-        self.model = self._build(init_context, side="device" if on_device else "host")
+        model = self._build(init_context, side="device" if on_device else "host")
+        self.model = model
         if s.zero_stage == 3:
-            self.notes += set_moe_leaf_modules(self.model)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.engine, self.optimizer, _, _ = deepspeed.initialize(model=self.model, model_parameters=params,
+            self.notes += set_moe_leaf_modules(model)
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=params,
                                                                  config=self.config)
         if self.device == "cpu":
             self._emulate_accelerator_subgroups(self.engine.optimizer)
@@ -219,7 +220,7 @@ def set_moe_leaf_modules(model) -> list[str]:
     """Mark the model's sparse MoE blocks as ZeRO-3 leaf modules, as LLaMA-Factory does (before
     deepspeed.initialize). Returns a note, or nothing for a dense model."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    block = Z3_LEAF_MOE_BLOCKS.get(getattr(base.config, "model_type", None))
+    block = Z3_LEAF_MOE_BLOCKS.get(getattr(base.config, "model_type", ""))
     if block is None:
         return []
     classes = {type(m) for m in base.modules() if type(m).__name__ == block}

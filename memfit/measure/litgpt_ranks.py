@@ -25,8 +25,14 @@ CudaAutocastPolicy, as the single-device trace does); see `_cuda_autocast_on_cpu
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from memfit.measure.ranks import claim_states, patch_fsdp1, runner_main
+from memfit.errors import MemfitError
+from memfit.measure.ranks import claim_states, patch_fsdp1, replaced, runner_main
+
+if TYPE_CHECKING:
+    import torch
 
 HEAD_CHUNK = 128  # finetune/{lora,adapter,adapter_v2}.py: model(input_ids, lm_head_chunk_size=128)
 ROOTS = ("/torch/distributed/", "/torch/optim/", "/torch/utils/checkpoint", "/litgpt/", "/lightning/")
@@ -65,16 +71,13 @@ def strategy_for(method: str):
         def setup_module(self, module):
             from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-            original = FSDP.__init__
+            original: Callable[..., None] = FSDP.__init__  # called with what the caller passed
 
             def init(fsdp, *args, device_id=None, **kwargs):
                 original(fsdp, *args, device_id=device_id if device_id is not None else torch.device("cpu"), **kwargs)
 
-            FSDP.__init__ = init
-            try:
+            with replaced(FSDP, "__init__", init):
                 return super().setup_module(module)
-            finally:
-                FSDP.__init__ = original
 
     module, _ = _modules(method)
     return CpuFSDPStrategy(auto_wrap_policy={module.Block}, activation_checkpointing_policy={module.Block},
@@ -94,6 +97,18 @@ def _cuda_autocast_on_cpu(fabric, precision: str):
     fabric.strategy.precision.forward_context = lambda: torch.autocast("cpu", dtype=dtype)
 
 
+def _lm_head(model: torch.nn.Module) -> torch.nn.Module:
+    """The GPT's lm_head: on the module Fabric set up, or on the one its wrapper holds (`.module`)."""
+    import torch
+
+    head = getattr(model, "lm_head", None)
+    if head is None:
+        head = getattr(getattr(model, "module", None), "lm_head", None)
+    if not isinstance(head, torch.nn.Module):
+        raise MemfitError(f"litgpt_ranks: {type(model).__name__} has no lm_head module (litgpt's GPT has one)")
+    return head
+
+
 def run_rank(run: dict) -> dict:
     import lightning as L
     import torch
@@ -101,7 +116,7 @@ def run_rank(run: dict) -> dict:
     from memfit.measure.patches import install_patches
     from memfit.measure.tracker import MemoryTracker
 
-    current = {"tk": None}
+    current: dict[str, MemoryTracker | None] = {"tk": None}
     install_patches(lambda: current["tk"])
     patch_fsdp1(lambda: current["tk"])
     method = run["method"]
@@ -136,14 +151,16 @@ def run_rank(run: dict) -> dict:
         model = fabric.setup_module(gpt)
         # torch picks foreach for CUDA params (optim/optimizer.py _default_to_fused_or_foreach); on the CPU it
         # would not, so it is asked for: the step's temporaries are a CUDA run's
-        optimizer = instantiate_torch_optimizer("AdamW", model.parameters())
-        for group in optimizer.param_groups:
+        torch_optimizer = instantiate_torch_optimizer("AdamW", model.parameters())
+        for group in torch_optimizer.param_groups:
             group["foreach"] = True
-        optimizer = fabric.setup_optimizers(optimizer)
+        optimizer = fabric.setup_optimizers(torch_optimizer)
+        if isinstance(optimizer, tuple):  # Fabric returns a tuple for several optimizers, one for one
+            raise MemfitError(f"litgpt_ranks: Fabric set up {len(optimizer)} optimizers for the one AdamW")
         model.max_seq_length = seq  # fit(): min(longest sequence, train.max_seq_length)
-        raw = model.module if hasattr(model, "module") else gpt
+        raw: torch.nn.Module = model.module if hasattr(model, "module") else gpt
         claim_states(tk, raw, optimizer.optimizer)
-        head = raw.lm_head if hasattr(raw, "lm_head") else raw.module.lm_head
+        head = _lm_head(raw)
 
         def enter_logits(mod, args):
             tk.context = "logits"
@@ -206,9 +223,9 @@ def run_rank(run: dict) -> dict:
     phases = {}
     sites = {}
     subphases = {}  # backward before any layer (the loss and the head), and from each layer's on (by layer)
-    for (step, phase, side), snap in tk.peaks.items():
-        if str(step).split(".")[0] == str(last) and side == "device" and phase == "backward":
-            subphases[str(step).partition(".")[2] or "head"] = dict(snap.parts)
+    for (at, phase, side), snap in tk.peaks.items():
+        if str(at).split(".")[0] == str(last) and side == "device" and phase == "backward":
+            subphases[str(at).partition(".")[2] or "head"] = dict(snap.parts)
     for phase in ("forward", "backward", "optimizer_step"):
         snaps = [snap for (step, ph, side), snap in tk.peaks.items()
                  if str(step).split(".")[0] == str(last) and side == "device" and ph == phase]

@@ -9,7 +9,21 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+
+@contextmanager
+def replaced(owner: object, name: str, value: object) -> Iterator[None]:
+    """`owner.name` is `value` while the block runs, and what it was again after (a library's method patched for
+    the length of one call)."""
+    original = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
 
 
 def patch_fsdp1(get_tracker) -> None:

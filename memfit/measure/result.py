@@ -92,7 +92,7 @@ class MeasureResult:
     params_total: int = 0
     params_trainable: int = 0
     wall_seconds: float = 0.0
-    versions: dict[str, str] = field(default_factory=dict)
+    versions: dict[str, str | None] = field(default_factory=dict)  # package -> installed release (None: not installed)
     scenario: dict = field(default_factory=dict)  # the knobs that matter, for the record
 
     @property

@@ -10,6 +10,7 @@ on a CPU run every tensor is in RAM.
 from __future__ import annotations
 
 import gc
+from pathlib import Path
 
 import torch
 
@@ -32,9 +33,9 @@ class Runner:
         self.tk = tracker
         self.model_dir = model_dir
         self.device = device
-        self.model = None
-        self.optimizer = None
-        self.autocast = None
+        self.model: torch.nn.Module | None = None  # as _build made it (an engine or wrap may wrap it)
+        self.optimizer: object | None = None  # the engine's: a torch optimizer or DeepSpeed's ZeRO wrapper of one
+        self.autocast: torch.dtype | None = None
 
     # model construction shared by all engines
     def _build(self, init_context=None, side="host"):
@@ -76,8 +77,30 @@ class Runner:
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(lambda q: tk.soft_claim(q.grad, "gradients", "device"))
 
+    # what each engine says for itself (memfit.measure.worker.run_job calls them in this order)
+    def build(self) -> None:
+        """Build the model and the engine around it."""
+        raise NotImplementedError
+
     def engine_forward(self, batch):
         """The engine's own forward of a batch (an output with .loss): each subclass says it."""
+        raise NotImplementedError
+
+    def backward(self, loss) -> None:
+        raise NotImplementedError
+
+    def step(self, boundary: bool) -> None:
+        """The optimizer step, at an accumulation boundary (`boundary`) or the engine's own accounting."""
+        raise NotImplementedError
+
+    def walk(self) -> None:
+        """Claim the engine's objects in the tracker (weights, gradients, optimizer states, buffers)."""
+        raise NotImplementedError
+
+    def save(self, path: Path) -> None:
+        raise NotImplementedError
+
+    def load(self, path: Path) -> None:
         raise NotImplementedError
 
     def forward(self, batch):

@@ -3,32 +3,46 @@ objects hold which memory."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 import torch.distributed as dist
 
+from memfit.errors import MemfitError
 from memfit.facts.frameworks import framework
 from memfit.measure.model import upcast_trainable
 
 from memfit.measure.patches import claim_loaded
 from memfit.measure.runner import LR, Runner, compute_dtype
 
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
+
 
 class TorchRunner(Runner):
     """single GPU, DDP and FSDP2: a torch optimizer, autocast for mixed precision, torch.save checkpoints."""
 
+    optimizer: torch.optim.Optimizer | None
+
     def build(self):
         s = self.s
-        self.model = self._build()
+        model = self._build()
         if self.device != "cpu" and s.engine != "fsdp":  # fully_shard moves the shards to the mesh device
-            self.model.to(self.device)
-        self.module = self.wrap(self.model)
+            model.to(self.device)
+        self.model = model
+        self.module = self.wrap(model)
         params = [p for p in self.module.parameters() if p.requires_grad]
         if s.optimizer == "sgd":
             self.optimizer = torch.optim.SGD(params, lr=LR)
         else:
             self.optimizer = torch.optim.AdamW(params, lr=LR, weight_decay=0.0, fused=s.optimizer == "adamw-fused",
                                                foreach=s.optimizer == "adamw-foreach" or None)
+
+    def built_optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer build() made; none before it or after close()."""
+        if self.optimizer is None:
+            raise MemfitError("the measure runner has no optimizer: build() it first (close() drops it)")
+        return self.optimizer
 
     def wrap(self, model):
         return model
@@ -47,8 +61,9 @@ class TorchRunner(Runner):
     def step(self, boundary: bool):
         if boundary:
             torch.nn.utils.clip_grad_norm_(self.module.parameters(), 1.0)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            optimizer = self.built_optimizer()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
 
     def walk(self):
         self.claim_params(self.module)
@@ -61,7 +76,8 @@ class TorchRunner(Runner):
     def save(self, path: Path):
         path.mkdir(parents=True, exist_ok=True)
         if not dist.is_initialized() or dist.get_rank() == 0 or self.s.engine == "fsdp":
-            torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}, self._ckpt_file(path))
+            torch.save({"model": self.module.state_dict(), "optimizer": self.built_optimizer().state_dict()},
+                       self._ckpt_file(path))
         if dist.is_initialized():
             dist.barrier()
 
@@ -74,7 +90,7 @@ class TorchRunner(Runner):
             self.tk.context = None
         claim_loaded(self.tk, state)
         self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.built_optimizer().load_state_dict(state["optimizer"])
         del state
 
 
@@ -85,7 +101,14 @@ class DdpRunner(TorchRunner):
         return DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if self.device == "cuda" else None)
 
 
-def _accelerate_units(base, reshard: bool, kwargs: dict) -> None:
+class _ShardPolicies(TypedDict, total=False):
+    """The policies every fully_shard call of a run gets (unset: torch's defaults)."""
+
+    mp_policy: MixedPrecisionPolicy
+    offload_policy: OffloadPolicy
+
+
+def _accelerate_units(base, reshard: bool, kwargs: _ShardPolicies) -> None:
     """The units accelerate >= 1.14's fsdp2_prepare_model carves beside the layers, as the HF Trainer runs FSDP2: the
     embedding (unless tied), and [final norm, head] (with a tied embedding) kept gathered after forward."""
     from torch.distributed.fsdp import fully_shard
@@ -107,7 +130,7 @@ class FsdpRunner(TorchRunner):
         )
 
         s = self.s
-        kwargs = {}
+        kwargs: _ShardPolicies = {}
         if s.precision.endswith("-mixed"):
             upcast_trainable(model)
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype(s), reduce_dtype=torch.float32)
@@ -140,5 +163,5 @@ class FsdpRunner(TorchRunner):
             self.tk.context = None
         claim_loaded(self.tk, state)
         self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.built_optimizer().load_state_dict(state["optimizer"])
         del state, DTensor

@@ -41,6 +41,8 @@ import pickle
 import sys
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -48,6 +50,7 @@ import torch
 import torch.distributed as dist
 
 from memfit.measure.patches import install_patches
+from memfit.measure.ranks import replaced
 from memfit.measure.tracker import MemoryTracker
 
 IGNORE_INDEX = -100
@@ -186,7 +189,7 @@ class Recipe:
         del loss
         self.walk()
         tk.set_phase("optimizer_step")
-        if not s.optimizer_in_backward:
+        if self.optimizer is not None:  # none with optimizer_in_backward: backward stepped every parameter
             dist.all_reduce(num_tokens)
             training.scale_grads(self.model, dist.get_world_size() / num_tokens)
             self.optimizer.step()
@@ -206,34 +209,27 @@ def _profile(tk: MemoryTracker, steps: int, side: str = "device") -> dict:
     return out
 
 
-class _NoPinning:
+@contextmanager
+def _no_pinning(tk: MemoryTracker, on: bool) -> Iterator[None]:
     """CPUOffloadPolicy(pin_memory=True) on a CPU-only torch: `Tensor.pin_memory` needs an accelerator there. While
     an offload job runs it returns the tensor itself (what the host keeps is the same bytes) and marks it pinned."""
+    if not on or torch.cuda.is_available():
+        yield
+        return
 
-    def __init__(self, tk: MemoryTracker, on: bool):
-        self.tk, self.on = tk, on and not torch.cuda.is_available()
-        self.original = torch.Tensor.pin_memory
+    def pin_memory(tensor, *args, **kwargs):
+        tk.mark_pinned(tensor)
+        return tensor
 
-    def __enter__(self):
-        if self.on:
-            tk = self.tk
-
-            def pin_memory(tensor, *args, **kwargs):
-                tk.mark_pinned(tensor)
-                return tensor
-
-            torch.Tensor.pin_memory = pin_memory
-        return self
-
-    def __exit__(self, *exc):
-        torch.Tensor.pin_memory = self.original
+    with replaced(torch.Tensor, "pin_memory", pin_memory):
+        yield
 
 
 def run_job(s, steps: int, rank: int) -> dict:
     tk = MemoryTracker(roots=ROOTS)
     install_patches(lambda: tk)
     started = time.time()
-    with tk, _NoPinning(tk, s.fsdp_cpu_offload):
+    with tk, _no_pinning(tk, s.fsdp_cpu_offload):
         tk.record = False
         tk.set_phase("load", 0)
         recipe = Recipe(s, tk)

@@ -21,6 +21,7 @@ import sys
 import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
+from types import FrameType
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -37,6 +38,8 @@ LEARNABLE = ("deepspeed/", "optim/", "distributed/", "parallel/")
 NOT_LEARNABLE = ("runtime/engine.py:forward", "runtime/engine.py:backward", "runtime/engine.py:__call__",
                  "zero/linear.py:", "parallel/distributed.py:forward", "parallel/distributed.py:_run_ddp_forward")
 _CAST_OPS = {"aten._to_copy.default", "aten.to.dtype", "aten.to.dtype_layout", "aten._to_copy"}
+# a step number, or a label within one (litgpt_ranks.py: "3.L0", step 3 from layer 0's backward on)
+Step = int | str
 # Scratch of the CPU collective backend that a GPU run does not have: gloo's reduce-scatter clones its whole
 # input and all-reduces the clone (ProcessGroupGloo.cpp::reduce_scatter_tensor_coalesced); NCCL reduces into
 # the output. The clone shows up as the chunk views the calling thread takes of it; it is not counted.
@@ -113,9 +116,9 @@ class MemoryTracker(TorchDispatchMode):
         self.rules = list(SITE_RULES)  # runners prepend rules that depend on the engine's configuration
         self.context: str | None = None  # "logits" inside LM head + loss; "build" while constructing a model
         self.phase = "load"
-        self.step = 0
+        self.step: Step = 0
         self.record = True
-        self.peaks: dict[tuple[int, str, str], Snapshot] = {}
+        self.peaks: dict[tuple[Step, str, str], Snapshot] = {}
         self.pinned_peak = 0
         self.pinned_live = 0
         self.claimed: dict[str, dict] = {}  # name -> {category, side, tensors: [(key, view_bytes, dtype)]}
@@ -137,9 +140,10 @@ class MemoryTracker(TorchDispatchMode):
 
     def _see(self, t: torch.Tensor, func, args) -> None:
         if type(t) not in (torch.Tensor, torch.nn.Parameter):
-            t = getattr(t, "_local_tensor", None)  # DTensor (FSDP2): its local shard holds the memory
-            if t is None or type(t) not in (torch.Tensor, torch.nn.Parameter):
+            local = getattr(t, "_local_tensor", None)  # DTensor (FSDP2): its local shard holds the memory
+            if local is None or type(local) not in (torch.Tensor, torch.nn.Parameter):
                 return
+            t = local
         if t.device.type == "meta":
             return
         try:
@@ -164,7 +168,7 @@ class MemoryTracker(TorchDispatchMode):
     # ---------------------------------------------------------------- labelling
     def _site(self) -> str:
         """Innermost frame in engine/model code plus its nearest such caller: "file:function:line < ..."."""
-        frame = sys._getframe(3)
+        frame: FrameType | None = sys._getframe(3)
         found: list[str] = []
         while frame is not None and len(found) < 2:
             code = frame.f_code
@@ -243,7 +247,7 @@ class MemoryTracker(TorchDispatchMode):
                 )
 
     # ---------------------------------------------------------------- public API
-    def set_phase(self, phase: str, step: int | None = None) -> None:
+    def set_phase(self, phase: str, step: Step | None = None) -> None:
         self.phase = phase
         if step is not None:
             self.step = step

@@ -26,7 +26,7 @@ from memfit.measure.patches import install_patches
 from memfit.measure.runners import runner_for
 from memfit.measure.model import count_params
 from memfit.measure.result import RankMeasurement
-from memfit.measure.tracker import MemoryTracker
+from memfit.measure.tracker import MemoryTracker, Step
 
 _CURRENT: dict = {"tracker": None}
 STEP_PHASES = ("forward", "backward", "optimizer_step")
@@ -38,7 +38,7 @@ class Rss:
     def __init__(self):
         self.points: dict[str, int] = {}
         self.peaks: dict[str, int] = {}
-        self._phase = None
+        self._phase: str | None = None
 
     @staticmethod
     def _status(field: str) -> int:
@@ -76,7 +76,7 @@ class CudaProbe:
     def __init__(self, local_rank: int):
         self.device = torch.device("cuda", local_rank)
         self.phases: dict[str, dict[str, int]] = {}
-        self._phase = None
+        self._phase: str | None = None
         try:
             import pynvml
 
@@ -145,11 +145,11 @@ def _profile(tk: MemoryTracker, side: str, steps: int) -> PhaseProfile:
     phases = {}
     for phase in PHASES:
         if phase in STEP_PHASES:
-            candidates = [tk.peaks.get((s, phase, side)) for s in steady]
+            found = [tk.peaks.get((s, phase, side)) for s in steady]
         else:
             step = {"load": 0, "checkpoint_save": steps + 1, "resume": steps + 2}[phase]
-            candidates = [tk.peaks.get((step, phase, side))]
-        candidates = [c for c in candidates if c is not None]
+            found = [tk.peaks.get((step, phase, side))]
+        candidates = [c for c in found if c is not None]
         if candidates:
             best = max(candidates, key=lambda c: c.total)
             phases[phase] = Breakdown(dict(best.parts))
@@ -175,7 +175,7 @@ def _peak_sites(tk: MemoryTracker, steps: int, top: int = 12) -> dict[str, dict[
 
 
 def _step_peaks(tk: MemoryTracker) -> list[dict]:
-    rows = {}
+    rows: dict[tuple[Step, str], dict[str, int | str]] = {}  # (step, phase) -> step, phase, bytes by side
     for (step, phase, side), snap in tk.peaks.items():
         rows.setdefault((step, phase), {"step": step, "phase": phase})[side] = snap.total
     return [rows[k] for k in sorted(rows)]

@@ -21,14 +21,15 @@ from memfit.monitor.batches import batch_tokens
 from memfit.monitor.core import MemoryMonitor
 
 
-def _callback_base():
+def _callback_base() -> type:
     try:
         from lightning.pytorch import Callback
     except ImportError:
         try:
-            from pytorch_lightning import Callback
+            from pytorch_lightning import Callback as StandaloneCallback  # the standalone package, before `lightning`
         except ImportError:
             raise ImportError("memfit's Lightning callback needs lightning (or pytorch_lightning) installed") from None
+        return StandaloneCallback
     return Callback
 
 
@@ -46,7 +47,8 @@ def lightning_callback(path, rank: int | None = None, every: int = 1):
     """A Lightning Callback writing one memfit.monitor/1 line per optimizer step, with its phases' peaks."""
     base = _callback_base()
 
-    class LightningMemoryMonitor(base):
+    # a base known only at call time (whichever Lightning package is installed), which mypy cannot check
+    class LightningMemoryMonitor(base):  # type: ignore[valid-type, misc]
         def __init__(self):
             super().__init__()
             self.monitor = MemoryMonitor(path, rank=rank, every=every)
