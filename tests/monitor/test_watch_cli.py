@@ -80,6 +80,14 @@ def test_fragmentation_and_no_false_alarm(tmp_path, watch_json):
     assert calm["findings"] == []
 
 
+def test_a_peak_read_as_zero_falls_back_to_what_was_allocated(tmp_path, watch_json):
+    # a monitor line written just after torch.cuda.reset_peak_memory_stats: the allocated figure is the one to use
+    doc = watch_json(write(tmp_path / "z.jsonl", "".join(line(s, reserved_bytes=20 * GiB, peak_allocated_bytes=0)
+                                                         for s in range(1, 9))))
+    f, = doc["findings"]
+    assert f["kind"] == "fragmentation" and f["peak_allocated_bytes"] == 10 * GiB and f["slack_bytes"] == 10 * GiB
+
+
 def test_follow_reads_a_growing_file_until_the_step(tmp_path, watch):
     path = write(tmp_path / "run.jsonl", line(1))
 

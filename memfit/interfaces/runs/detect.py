@@ -133,10 +133,10 @@ def fragmentation(ranks: dict[int, list[Sample]]) -> dict | None:
 
 def _last_cache(ss: list[Sample]) -> tuple[Sample, int, int] | None:
     """The last sample that has reserved bytes and a nonzero allocated peak (or allocated, where no peak was
-    read): (that sample, its reserved bytes, its allocated bytes)."""
+    read or it reads 0, as after a reset of the peak): (that sample, its reserved bytes, its allocated bytes)."""
     for s in reversed(ss):
-        used = s.peak_allocated if s.peak_allocated is not None else s.allocated
-        if s.reserved is not None and used is not None and (s.peak_allocated or s.allocated):
+        used = s.peak_allocated or s.allocated
+        if s.reserved is not None and used:
             return s, s.reserved, used
     return None
 
