@@ -26,6 +26,25 @@ def replaced(owner: object, name: str, value: object) -> Iterator[None]:
         setattr(owner, name, original)
 
 
+@contextmanager
+def pinning_marked(tracker, on: bool) -> Iterator[None]:
+    """CPUOffloadPolicy(pin_memory=True) on a CPU-only torch: `Tensor.pin_memory` needs an accelerator there. While
+    an offload job runs it returns the tensor itself (what the host keeps is the same bytes) and the tracker marks
+    it pinned."""
+    import torch
+
+    if not on or torch.cuda.is_available():
+        yield
+        return
+
+    def pin_memory(tensor, *args, **kwargs):
+        tracker.mark_pinned(tensor)
+        return tensor
+
+    with replaced(torch.Tensor, "pin_memory", pin_memory):
+        yield
+
+
 def patch_fsdp1(get_tracker) -> None:
     """FSDP1 frees and re-allocates the unsharded flat parameter with `storage.resize_` (torch.distributed.utils
     _alloc_storage / _free_storage), which the dispatcher does not see; re-read the size after each call."""

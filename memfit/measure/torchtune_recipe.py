@@ -41,8 +41,6 @@ import pickle
 import sys
 import time
 import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -50,7 +48,7 @@ import torch
 import torch.distributed as dist
 
 from memfit.measure.patches import install_patches
-from memfit.measure.ranks import replaced
+from memfit.measure.ranks import pinning_marked
 from memfit.measure.tracker import MemoryTracker
 
 IGNORE_INDEX = -100
@@ -209,27 +207,11 @@ def _profile(tk: MemoryTracker, steps: int, side: str = "device") -> dict:
     return out
 
 
-@contextmanager
-def _no_pinning(tk: MemoryTracker, on: bool) -> Iterator[None]:
-    """CPUOffloadPolicy(pin_memory=True) on a CPU-only torch: `Tensor.pin_memory` needs an accelerator there. While
-    an offload job runs it returns the tensor itself (what the host keeps is the same bytes) and marks it pinned."""
-    if not on or torch.cuda.is_available():
-        yield
-        return
-
-    def pin_memory(tensor, *args, **kwargs):
-        tk.mark_pinned(tensor)
-        return tensor
-
-    with replaced(torch.Tensor, "pin_memory", pin_memory):
-        yield
-
-
 def run_job(s, steps: int, rank: int) -> dict:
     tk = MemoryTracker(roots=ROOTS)
     install_patches(lambda: tk)
     started = time.time()
-    with tk, _no_pinning(tk, s.fsdp_cpu_offload):
+    with tk, pinning_marked(tk, s.fsdp_cpu_offload):
         tk.record = False
         tk.set_phase("load", 0)
         recipe = Recipe(s, tk)

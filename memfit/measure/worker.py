@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from memfit.breakdown import PHASES, Breakdown, PhaseProfile
 from memfit.measure.patches import install_patches
+from memfit.measure.ranks import pinning_marked
 from memfit.measure.runners import runner_for
 from memfit.measure.model import count_params
 from memfit.measure.result import RankMeasurement
@@ -191,7 +192,8 @@ def run_job(job: dict, rank: int) -> tuple[RankMeasurement, tuple[int, int]]:
     rss = Probes(CudaProbe(int(os.environ.get("LOCAL_RANK", "0"))) if device == "cuda" else None)
     _trim()
     rss.point("baseline")
-    with tk:
+    # FSDP2's CPU offload pins its host shards; a CPU-only torch cannot pin
+    with tk, pinning_marked(tk, scenario.engine == "fsdp" and scenario.fsdp_cpu_offload):
         # Warm-up build: not recorded. It teaches the tracker which engine allocation sites make which
         # objects, so the recorded "load" (the rebuild before resume, below) is labelled from birth.
         rss.begin("load")
