@@ -42,7 +42,7 @@ SLOW = frozenset({
     "trace/test_trace.py", "trace/test_dpo_trace.py", "trace/test_any_config.py", "trace/test_peft_methods.py",
     "trace/test_trainable_tokens.py", "trace/test_frozen_fp32.py", "trace/test_glm4.py", "trace/test_qwen1.py",
     "trace/test_litgpt.py", "trace/test_torchtune.py", "trace/test_torchtune_distributed.py", "trace/test_derive.py",
-    "trace/test_release_logps.py", "trace/test_verl_workers.py", "trace/test_traffic.py",
+    "trace/test_release_logps.py", "trace/test_verl_workers.py", "plan/test_traffic.py",
     "bench/test_litgpt_distributed.py", "monitor/test_gloo_ranks.py", "lengths/test_real_run.py",
 })
 TESTS = Path(__file__).resolve().parent

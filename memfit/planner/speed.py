@@ -17,7 +17,8 @@ Per micro-step, on one GPU:
   scores through memory (bytes / bandwidth), which is what makes it slow at long sequences.
 - recompute under checkpointing: one more forward (matmuls + attention + element-wise) of each
   checkpointed layer.
-- memory-bound work: element-wise ops per token per layer, the loss over tokens x vocab (standard
+- memory-bound work: element-wise ops per token per layer (bytes counted in the real step by
+  tools/count_traffic.py, by kind, residual dtype, adapted Linears and dropout), the loss over tokens x vocab (standard
   cross entropy moves ~28 B per logit, Liger's fused loss ~8); dequantization of each quantized weight
   (bitsandbytes QLoRA, GPTQ) in forward, backward and recompute, per byte of stored weight.
 - fixed costs: eager PyTorch launches every kernel from Python, so a micro-step takes at least its
@@ -56,7 +57,9 @@ from memfit.dtypes import NF4_BYTES
 from memfit.facts.adapters import wraps
 from memfit.facts.catalog import ModelSpec
 from memfit.facts.engines import engine_of
+from memfit.facts.frameworks import model_code
 from memfit.facts.scenario import Scenario
+from memfit.memory.activations import residual_bytes
 from memfit.memory.inventory import saved_copies, tuned_tensors
 from memfit.planner.speed_constants import GB, assumptions
 from memfit.planner.speed_host import host_link, optimizer_and_offload
@@ -87,6 +90,7 @@ class ParamCounts:
     head: int  # lm_head matmul (vocab x hidden), tied or not
     head_trainable: bool
     adapters: int  # LoRA parameters (active)
+    adapted_linears: int  # Linear modules per decoder layer that carry a LoRA-style adapter (PEFT wraps them)
     total: int  # every base parameter (gathered by ZeRO-3 / FSDP)
     trainable: int
     quantized: int  # 4-bit stored parameters
@@ -119,6 +123,8 @@ def _param_counts(model: ModelSpec, tuning: str, rank: int, targets: tuple, dora
         head=model.vocab_size * model.hidden_size,
         head_trainable=head_trainable,
         adapters=int(sum(active(t) for t in tensors if t.kind == "lora")),
+        adapted_linears=len({t.module for t in tensors if t.kind == "lora" and t.per_layer})
+        if tuning in ("lora", "qlora") or wraps(tuning) == "linear" else 0,
         total=sum(t.total for t in tensors if t.kind != "lora"),
         trainable=sum(t.total for t in tensors if t.trainable),
         quantized=sum(t.total for t in tensors if t.quantized),
@@ -188,6 +194,27 @@ def _dequant(s: Scenario, p: ParamCounts, passes: float) -> float:
     return stored * passes * q["gptq_seconds_per_byte" if gptq else "bnb_seconds_per_byte"]
 
 
+def _elementwise_bytes(s: Scenario, p: ParamCounts) -> tuple[float, float]:
+    """(forward, backward) bytes per token, layer and unit of hidden size of the memory-bound ops (speed.toml
+    [compute], counted by tools/count_traffic.py): by kind, residual dtype, adapted Linears per layer (linear
+    between the attention projections, 4, and every Linear, 7) and LoRA dropout. A framework that runs its own
+    model code (a [model_code] table: torchtune, LitGPT, unsloth) has its own LoRA, not PEFT's: the full row."""
+    c = assumptions()["compute"]
+    peft = not model_code(s.profile)
+    kind = "full" if not (p.adapted_linears and peft) else "qlora" if p.quantized else "lora"
+    key = f"{kind}-{8 * residual_bytes(s)}"
+    if kind == "full":
+        return c["elementwise_forward"][key], c["elementwise_backward"][key]
+    share = (p.adapted_linears - 4) / 3
+    dropout = "-dropout" if s.lora_dropout > 0 else ""
+
+    def at(phase: str) -> float:
+        row = c[f"elementwise_{phase}"]
+        few, every = row[key + dropout], row[f"{key}-all{dropout}"]
+        return max(0.0, few + share * (every - few))
+    return at("forward"), at("backward")
+
+
 def _micro_compute(s: Scenario, p: ParamCounts) -> dict[str, float]:
     """Seconds of GPU work in one micro-step: matmuls, attention, recompute, memory-bound kernels."""
     a = assumptions()
@@ -208,9 +235,8 @@ def _micro_compute(s: Scenario, p: ParamCounts) -> dict[str, float]:
         "recompute": n * ck * layer_fwd / flop_rate,
         "attention": _attention(s, bwd, ck, flop_rate, bandwidth),
     }
-    c = a["compute"]
-    parts["elementwise"] = (n * m.num_layers * m.hidden_size * c["elementwise_bytes_per_token_layer_hidden"]
-                            * (1 / 3 + 2 / 3 * bwd + ck / 3) / bandwidth)  # forward ~1/3 of the traffic
+    fwd_bytes, bwd_bytes = _elementwise_bytes(s, p)
+    parts["elementwise"] = n * m.num_layers * m.hidden_size * (fwd_bytes * (1 + ck) + bwd_bytes * bwd) / bandwidth
     parts["loss"] = n * m.vocab_size * a["loss"][s.loss] / bandwidth
     if extra.fixed_flops or extra.fixed_weight_bytes:  # weights PEFT rebuilds in each forward (and recompute)
         parts["adapter_weights"] = (1 + ck / 2) * (extra.fixed_flops / flop_rate
@@ -277,8 +303,7 @@ def nograd_forward_seconds(s: Scenario) -> float:
             * at["eager_bytes_per_score"] / 3 / bandwidth
     else:
         attn = causal / (flop_rate * (at["flash"] if s.attention == "flash" else at["sdpa"]))
-    c = assumptions()["compute"]
-    elementwise = n * m.num_layers * m.hidden_size * c["elementwise_bytes_per_token_layer_hidden"] / 3 / bandwidth
+    elementwise = n * m.num_layers * m.hidden_size * _elementwise_bytes(s, p)[0] / bandwidth
     return matmul + attn + elementwise
 
 

@@ -314,13 +314,15 @@ def test_fit_refuses_an_out_folder_that_holds_the_file_itself(tmp_path, monkeypa
 def test_fit_writes_the_command_and_its_code_edit_together_or_not_at_all(tmp_path, monkeypatch, capsys):
     """OpenRLHF: the command and FILE.code-edit.txt are one change set; the second rename fails."""
     command = tmp_path / "qwen25_72b_offload.sh"
-    command.write_bytes((EXAMPLES / "openrlhf" / command.name).read_bytes())
-    # a card with room for two packed rows per micro-batch beside the host fix (pin_memory, ratio: the code edit):
-    # the plan then changes flags of the command too (packing allowed; without it only the code edit changes)
+    text = (EXAMPLES / "openrlhf" / command.name).read_text()
+    command.write_text(text.replace("--micro_train_batch_size 1", "--micro_train_batch_size 2"))
+    # a card where the host fix (pin_memory, ratio: the code edit) needs one row per micro-batch beside it (a flag
+    # of the command): the plan changes both files
     run = cards.from_file(str(command), gpu="a100-80gb", gpus_per_node=8, host_ram="1.4TB")
-    two_packed = {"micro_batch": 2, "grad_accum": run.grad_accum // 2, "padding": "padding_free"}
-    capacity = cards.card(run, {"pin_memory": False, "ratio": 0.7} | two_packed)
-    args = ["--gpu", "a100-80gb", "--gpus", "8", "--host-ram", "1.4TB", *cards.gpu_mem(capacity), "--allow", "packing"]
+    host_fix = {"pin_memory": False, "ratio": 0.7}
+    one_row = {"micro_batch": 1, "grad_accum": run.grad_accum * 2}
+    capacity = cards.card(run, host_fix | one_row, not_enough=(host_fix,))
+    args = ["--gpu", "a100-80gb", "--gpus", "8", "--host-ram", "1.4TB", *cards.gpu_mem(capacity)]
     before = _snapshot(tmp_path)
     real_replace, calls = os.replace, []
 

@@ -106,3 +106,29 @@ def test_lora_config_changes_adapter_flops(scenario):
     base = scenario(**kw)
     big = base.with_changes(lora_rank=256)
     assert step_time(big).breakdown["matmul"] > step_time(base).breakdown["matmul"]
+
+
+def test_elementwise_traffic_follows_the_residual_dtype_and_the_adapted_linears(scenario):
+    kw = dict(model="mistralai/Mistral-7B-v0.1", gpu="a100-80gb", profile="trl", tuning="qlora", micro_batch=4,
+              seq_len=4096, checkpointing="full", attention="flash", lora_targets=("q", "k", "v", "o"))
+    upcast, plain = scenario(**kw), scenario(**kw, kbit_upcast=False)
+    assert upcast.kbit_upcast  # TRL runs prepare_model_for_kbit_training on one GPU: the residual stream is fp32
+    c = assumptions()["compute"]
+    m = upcast.model
+    per_byte = upcast.tokens_per_micro_batch * m.num_layers * m.hidden_size / (
+        upcast.hardware.gpu.memory_bandwidth_gbps * 1e9 * c["bandwidth_efficiency"])
+
+    def counted(key: str) -> float:  # checkpointed: forward twice (once more in recompute), backward once
+        return (2 * c["elementwise_forward"][key] + c["elementwise_backward"][key]) * per_byte
+
+    for s, key in ((upcast, "qlora-32"), (plain, "qlora-16")):
+        assert step_time(s).breakdown["elementwise"] == pytest.approx(counted(key), rel=1e-9)
+    assert tps(upcast) < tps(plain)
+    every = scenario(**(kw | {"lora_targets": ("q", "k", "v", "o", "gate", "up", "down")}), kbit_upcast=False)
+    assert step_time(every).breakdown["elementwise"] == pytest.approx(counted("qlora-16-all"), rel=1e-9)
+    dropout = scenario(**kw, kbit_upcast=False, lora_dropout=0.05)
+    assert step_time(dropout).breakdown["elementwise"] == pytest.approx(counted("qlora-16-dropout"), rel=1e-9)
+    # torchtune runs its own LoRA, not PEFT's: its layers are charged as the full row
+    own = scenario(**(kw | {"profile": "torchtune", "tuning": "lora"}))
+    full = scenario(**(kw | {"profile": "torchtune", "tuning": "full"}))
+    assert step_time(own).breakdown["elementwise"] == step_time(full).breakdown["elementwise"]

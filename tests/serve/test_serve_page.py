@@ -201,7 +201,8 @@ def test_host_oom_does_not_show_the_gpus_chance(client):
 
 def test_a_request_past_the_time_limit_is_stopped_in_one_line_and_others_are_answered():
     client = _client(workers=2, time_limit=2.0)
-    slow = {"model": "llama3.1-70b", "gpu": "rtx4090", "tuning": "full", "host_ram": "64GiB"}  # ~8 s of planning
+    slow = {"model": "llama3.1-70b", "gpu": "rtx4090", "tuning": "full", "host_ram": "64GiB",  # plans over several
+            "allow": ["lora", "qlora", "8bit"]}  # GPU counts, each search widened: past the 2 s limit
     answers = {}
 
     def ask_slow():

@@ -1,10 +1,14 @@
-"""memfit/trace/traffic.py: the element-wise bytes of a decoder layer, counted in the real transformers / PEFT step."""
+"""tools/count_traffic.py: the element-wise bytes of a decoder layer, counted in the real transformers / PEFT step."""
+import sys
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (an optional extra: memfit[trace])")
 
-from memfit.trace import traffic  # noqa: E402
-from memfit.trace.traffic import TrafficCounter, layer_traffic, scenario  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import count_traffic as traffic  # noqa: E402
+from count_traffic import TrafficCounter, layer_traffic, scenario  # noqa: E402
 
 
 def test_the_counter_adds_elementwise_bytes_and_skips_matmuls_views_and_allocations():
@@ -38,3 +42,7 @@ def test_what_the_code_adds_shows_in_the_count():
         # an fp32 residual stream (PEFT's k-bit upcast, fp32 weights under autocast) moves more bytes
         assert counted[f"{kind}-32"].backward > counted[f"{kind}-16"].backward
     assert counted["full-16"].forward < counted["qlora-16"].forward < counted["lora-16"].forward
+
+
+def test_the_shipped_rows_are_what_the_installed_libraries_count(capsys):
+    assert traffic.main(["--check"]) == 0, capsys.readouterr().out

@@ -8,26 +8,28 @@ view, the bytes of its tensor inputs and outputs - what a GPU kernel reads and w
 eager PyTorch. Two layer counts and two sequence lengths cancel what is per weight (dequantization, gradient
 buffers, casts of weights) and what lies outside the layers (embedding, loss), leaving bytes per token per layer.
 
-    python -m memfit.trace.traffic      prints forward / backward bytes per token, layer and unit of hidden size
-                                        for each kind of step in GRID, with the library versions
+    python tools/count_traffic.py            prints speed.toml's [compute] element-wise rows, with the versions
+    python tools/count_traffic.py --check    says which shipped rows a new count moves (exit 1 if any)
 
-Not yet read by speed.py, whose speed.toml [compute] elementwise_bytes_per_token_layer_hidden = 40 (forward and
-backward together) is what this counts as 549 (full, 16-bit residual) to 1,428 (PEFT LoRA on every Linear with
-dropout, fp32 residual). Wired in and recalibrated (tools/calibrate_speed.py), bench/throughput.py went from 6 to 7
-of 12 decisions right, worst miss 19.7% -> 13.1%, with the A100 mfu refitted to 0.86; it also moved the golden
-plans and two fit fixtures, so it waits for a change that re-checks those.
+speed.py reads the rows by kind of step (GRID). Before they were counted, speed.toml assumed 40 bytes for forward
+and backward together, where this counts 549 (full, 16-bit residual) to 1,428 (PEFT LoRA on every Linear with
+dropout, fp32 residual).
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # memfit, when run as a script
 
-from memfit.facts.catalog import GpuSpec, ModelSpec
-from memfit.facts.scenario import Hardware, Scenario
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_flatten  # noqa: E402
+
+from memfit.facts.catalog import GpuSpec, ModelSpec  # noqa: E402
+from memfit.facts.scenario import Hardware, Scenario  # noqa: E402
 
 # kernels whose time the step-time model counts as FLOPs (matmuls, attention), not as element-wise bytes
 _COMPUTE = ("mm", "addmm", "bmm", "baddbmm", "scaled_dot_product", "flash_attention", "efficient_attention")
@@ -110,7 +112,7 @@ def scenario(**knobs) -> Scenario:
 
 ATTENTION = ("q", "k", "v", "o")
 ALL = (*ATTENTION, "gate", "up", "down")
-# the kinds of step counted: kind (full: no adapter ops; lora: PEFT LoRA over 16-bit Linear; qlora: over 4-bit),
+# speed.toml [compute] keys: kind (full: no adapter ops; lora: PEFT LoRA over 16-bit Linear; qlora: over 4-bit),
 # the residual stream's dtype (16; 32: fp32 weights in the module, or PEFT's k-bit upcast), then for the adapter
 # kinds the adapted Linears (the attention projections, or every Linear: -all) and PEFT's LoRA dropout (identity
 # at 0, an fp32 mask and product otherwise: -dropout)
@@ -145,13 +147,21 @@ def _versions() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    del argv  # no options
-    print(f"# bytes per token, decoder layer and unit of hidden size; counted by python -m memfit.trace.traffic "
-          f"({_versions()})")
-    print(f"{'step':<22}{'forward':>9}{'backward':>10}")
-    for key, t in derived().items():
-        print(f"{key:<22}{t.forward:>9.1f}{t.backward:>10.1f}")
-    return 0
+    args = sys.argv[1:] if argv is None else argv
+    counted = derived()
+    if "--check" not in args:
+        print(f"# counted by python tools/count_traffic.py ({_versions()})")
+        for phase in ("forward", "backward"):
+            print("\n".join(f"elementwise_{phase}.{k} = {getattr(t, phase):.1f}" for k, t in counted.items()))
+        return 0
+    from memfit.planner.speed_constants import assumptions
+
+    shipped = assumptions()["compute"]
+    moved = [f"{k} {phase}: {shipped[f'elementwise_{phase}'].get(k)} -> {getattr(t, phase):.1f}"
+             for k, t in counted.items() for phase in ("forward", "backward")
+             if abs(shipped[f"elementwise_{phase}"].get(k, -1.0) - getattr(t, phase)) > 0.05]
+    print("\n".join(moved) or f"speed.toml [compute] element-wise rows: as counted ({_versions()})")
+    return 1 if moved else 0
 
 
 if __name__ == "__main__":
