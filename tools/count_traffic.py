@@ -12,7 +12,7 @@ buffers, casts of weights) and what lies outside the layers (embedding, loss), l
     python tools/count_traffic.py --check    says which shipped rows a new count moves (exit 1 if any)
 
 speed.py reads the rows by kind of step (GRID). Before they were counted, speed.toml assumed 40 bytes for forward
-and backward together, where this counts 549 (full, 16-bit residual) to 1,428 (PEFT LoRA on every Linear with
+and backward together, where this counts 549 (full, 16-bit residual) to 1,306 (PEFT LoRA on every Linear with
 dropout, fp32 residual).
 """
 from __future__ import annotations
