@@ -30,6 +30,12 @@ class GpuSpec:
     # [memory_basis]): memory_bytes is always what torch can allocate, listed_memory_bytes what the row says
     memory_basis: str = "torch"
     listed_memory_bytes: int = 0
+    speed_of: str = ""  # a card known by its memory (--gpu-mem): the catalog GPU whose speed facts it borrows
+
+    @property
+    def speed_id(self) -> str:
+        """The id the speed table (speed.toml [mfu], host links) knows this GPU by."""
+        return self.speed_of or self.id
 
 
 _GPU_FIELDS = {f.name for f in fields(GpuSpec)}
@@ -47,7 +53,7 @@ def gpus() -> tuple[GpuSpec, ...]:
 
 def _gpu_row(g: dict, where: str, hidden: dict[str, int]) -> GpuSpec:
     """One [[gpu]] row, strictly: every key known, every choice valid, memory turned into torch's figure."""
-    listed = set(_GPU_FIELDS) - {"listed_memory_bytes"}
+    listed = set(_GPU_FIELDS) - {"listed_memory_bytes", "speed_of"}
     for key, value in g.items():
         if key not in listed:
             raise unknown_key(where, key, listed)
@@ -99,4 +105,4 @@ def custom_gpu(memory_bytes: int, like: GpuSpec | None = None) -> GpuSpec:
     base = like or GpuSpec(id="custom", name="custom", memory_bytes=memory_bytes, bf16_tflops=312.0,
                            memory_bandwidth_gbps=2000.0, compute_capability=8.0)
     return GpuSpec(**{**base.__dict__, "id": f"custom-{memory_bytes}", "name": f"{base.name} ({memory_bytes / 2**30:.1f} GiB)",
-                      "memory_bytes": memory_bytes})
+                      "memory_bytes": memory_bytes, "speed_of": like.speed_id if like else ""})

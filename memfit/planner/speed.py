@@ -156,7 +156,7 @@ def _rates(s: Scenario) -> tuple[float, float]:
     """(matmul FLOP/s, memory-bound bytes/s) for this GPU at this micro-batch and model width."""
     a = assumptions()
     gpu = s.hardware.gpu
-    mfu = a["mfu"].get(gpu.id, a["mfu"]["default"])
+    mfu = a["mfu"].get(gpu.speed_id, a["mfu"]["default"])
     tokens = s.micro_batch * _row_tokens(s)
     shape = a["shape"]
     narrow = (tokens / (tokens + shape["half_tokens"])

@@ -20,7 +20,7 @@ from memfit.planner.speed_constants import GB, assumptions
 def host_link(s: Scenario, pinned: bool) -> float:
     """Bytes per second one rank moves to or from the host while every rank of its node does the same."""
     o = assumptions()["offload"]
-    gbps = o["host_link_gbps"].get(s.hardware.gpu.id, o["host_link_gbps"]["default"])
+    gbps = o["host_link_gbps"].get(s.hardware.gpu.speed_id, o["host_link_gbps"]["default"])
     gbps = min(gbps, o["host_node_gbps"] / s.hardware.gpus_per_node)
     return gbps * GB * (1.0 if pinned else o["pageable_fraction"])
 

@@ -132,3 +132,17 @@ def test_elementwise_traffic_follows_the_residual_dtype_and_the_adapted_linears(
     own = scenario(**(kw | {"profile": "torchtune", "tuning": "lora"}))
     full = scenario(**(kw | {"profile": "torchtune", "tuning": "full"}))
     assert step_time(own).breakdown["elementwise"] == step_time(full).breakdown["elementwise"]
+
+
+def test_a_card_given_by_its_memory_keeps_the_speed_of_the_gpu_it_is_like(scenario):
+    from dataclasses import replace
+
+    from memfit.facts.catalog import find_gpu
+    from memfit.facts.gpu_catalog import custom_gpu
+
+    s = scenario(model="mistralai/Mistral-7B-v0.1", gpu="a100-80gb", tuning="lora", micro_batch=4, seq_len=2048)
+    card = custom_gpu(60 * 2**30, like=find_gpu("a100-80gb"))
+    assert card.id != "a100-80gb" and card.speed_id == "a100-80gb"
+    on_card = replace(s, hardware=replace(s.hardware, gpu=card))
+    assert step_time(on_card).tokens_per_second == step_time(s).tokens_per_second  # mfu and host link are the A100's
+    assert custom_gpu(60 * 2**30).speed_id == "custom-64424509440"  # like nothing: the table's defaults
